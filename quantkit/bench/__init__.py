@@ -1,0 +1,1 @@
+"""Benchmarks behind `quantkit bench`: each prints ratios against a baseline measured in the same run."""

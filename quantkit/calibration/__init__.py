@@ -1,0 +1,1 @@
+"""Sequential, layer-by-layer calibration: activation statistics for quantization."""

