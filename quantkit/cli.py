@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from contextlib import contextmanager
 import sys
 import warnings
 from dataclasses import asdict
@@ -49,6 +50,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
+@contextmanager
+def _layer_progress(verb: str):
+    """A rich progress bar over decoder layers; yields the on_layer(done, total) callback."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"{verb} layer {{task.completed}}/{{task.total}}"), BarColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+        task = progress.add_task("layers", total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -74,17 +86,13 @@ def calibrate(
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ) -> None:
     """Run a model over a calibration set and collect the activation statistics quantization needs."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from quantkit.calibration.run import CalibrateOptions
     from quantkit.calibration.run import calibrate as run_calibrate
 
     opts = CalibrateOptions(model=model, dataset=dataset, out=out, traffic=traffic, num_samples=num_samples,
                             max_seq_len=max_seq_len, seed=seed, stratify=stratify, overwrite=overwrite)
-    with Progress(TextColumn("calibrating layer {task.completed}/{task.total}"), BarColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
-        task = progress.add_task("layers", total=None)
-        result = run_calibrate(opts, on_layer=lambda done, total: progress.update(task, completed=done, total=total))
+    with _layer_progress("calibrating") as on_layer:
+        result = run_calibrate(opts, on_layer=on_layer)
     _print_calibration_summary(result)
 
 
@@ -109,10 +117,50 @@ def _print_calibration_summary(result) -> None:
         err_console.print(f"[yellow]warning:[/] calibration set {warning}", highlight=False)
 
 
-@app.command(epilog="Example: quantkit quantize --model smollm2-135m --recipe awq-w4a16-g64 --calib calib/ --out ckpt/")
-def quantize() -> None:
-    """Apply a recipe (AWQ/GPTQ INT4, FP8) layer by layer and write a checkpoint."""
-    _not_built("quantize", "INT4 quantization")
+@app.command(epilog="Example: quantkit quantize --model smollm2-135m --recipe awq-w4a16-g64 "
+                    "--dataset rag_product_docs_en --out ckpt/")
+def quantize(
+    model: str = typer.Option("smollm2-135m", help="Model name, HF model directory or .gguf file."),
+    recipe: str = typer.Option(..., help="Shipped recipe name (e.g. gptq-w4a16-g64) or a YAML path."),
+    out: Path = typer.Option(..., help="Checkpoint directory (written atomically)."),
+    calib: Optional[Path] = typer.Option(None, help="Reuse the samples of a `quantkit calibrate` output."),
+    dataset: Optional[str] = typer.Option(None, help="Or draw calibration samples from this set or file."),
+    num_samples: int = typer.Option(128, help="With --dataset: calibration samples to draw."),
+    max_seq_len: int = typer.Option(512, help="With --dataset: tokens per sample."),
+    seed: int = typer.Option(0, help="With --dataset: sampling seed."),
+    format: str = typer.Option("compressed-tensors", help="Checkpoint format."),
+    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+) -> None:
+    """Apply a recipe (RTN, AWQ or GPTQ INT4) layer by layer and write a checkpoint vLLM and transformers load."""
+    from quantkit.quantize.run import QuantizeOptions
+    from quantkit.quantize.run import quantize as run_quantize
+
+    opts = QuantizeOptions(model=model, recipe=recipe, out=out, calib=calib, dataset=dataset,
+                           num_samples=num_samples, max_seq_len=max_seq_len, seed=seed, format=format,
+                           overwrite=overwrite)
+    with _layer_progress("quantizing") as on_layer:
+        result = run_quantize(opts, on_layer=on_layer)
+    _print_quantize_summary(result)
+
+
+def _print_quantize_summary(result) -> None:
+    table = Table(title=f"{result.provenance['recipe']} -> {result.out}")
+    for column in ("layer", "method", "output error RTN", "output error", "note"):
+        table.add_column(column)
+    for r in result.reports:
+        table.add_row(r.name, r.method, _percent(r.error_rtn), _percent(r.error), r.note)
+    console.print(table)
+    done = [r for r in result.reports if r.error is not None and r.error_rtn]
+    if done:
+        mean = sum(r.error for r in done) / len(done)
+        mean_rtn = sum(r.error_rtn for r in done) / len(done)
+        console.print(f"mean relative output error: {mean:.3%} (RTN on the same inputs: {mean_rtn:.3%})")
+    p = result.provenance
+    console.print(f"wall time {p['wall_seconds']:.1f} s, peak RSS {p['peak_rss_mb']:.0f} MB")
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{value:.3%}"
 
 
 @app.command(name="eval", epilog="Example: quantkit eval --baseline smollm2-135m --candidate ckpt/ --report report/")

@@ -234,3 +234,33 @@ def _numel(shape: list[int]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def load_model(path: Path, dtype=None):
+    """A transformers model for evaluation: a plain HF directory as stored, or a quantkit /
+    compressed-tensors checkpoint with every quantized weight dequantized (our own reading of the format,
+    independent of the compressed-tensors package)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    config_json = json.loads((path / "config.json").read_text())
+    if "quantization_config" not in config_json:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    from quantkit.formats import compressed_tensors as ct
+
+    _, dense, quantized = ct.read_checkpoint(path)
+    state = {k: v.to(dtype) for k, v in dense.items()}
+    state.update({f"{name}.weight": qw.dequantize(dtype) for name, qw in quantized.items()})
+    config_json.pop("quantization_config")
+    config = AutoConfig.for_model(**config_json)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise QuantkitError(f"checkpoint {path} lacks weights: {', '.join(missing[:3])}")
+    # Buffers such as the rotary inverse frequencies are computed, not stored: rebuild them on CPU.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    return model.eval()

@@ -38,6 +38,9 @@ class WeightStore:
                 with safe_open(file, framework="pt") as f:
                     self._file_of.update({name: file for name in f.keys()})
 
+    def names(self) -> list[str]:
+        return list(self._file_of)
+
     def load(self, names: list[str]) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 

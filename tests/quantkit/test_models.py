@@ -66,6 +66,6 @@ def test_models_show_json_is_one_object_with_path(tiny_model, run_cli):
 
 
 def test_unbuilt_commands_say_so_and_exit_2(run_cli):
-    for command in ("quantize", "eval", "serve"):
+    for command in ("eval", "serve"):
         code, _, err = run_cli(command)
         assert code == 2 and "not built yet" in err

@@ -1,0 +1,1 @@
+"""Quantization math as pure functions on tensors. Hooks, loops and state live in quantkit.quantize."""

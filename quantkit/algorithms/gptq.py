@@ -1,0 +1,106 @@
+"""GPTQ (Frantar et al., 2022): quantize a weight matrix column by column, spreading each column's
+rounding error over the columns not yet quantized, weighted by the inverse Hessian of the layer's
+input. Pure functions; the Hessian is H = sum over calibration tokens of x x^T (any positive scale
+gives the same result, because damping is relative to its mean diagonal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.algorithms.rtn import WeightScheme, grid_params, quantize_to_grid
+from quantkit.formats.quantized import QuantizedWeight
+
+MAX_DAMP = 1.0
+
+
+@dataclass
+class GPTQResult:
+    weight: QuantizedWeight
+    damp: float  # the damping fraction that made H positive definite
+    rtn_fallback: bool  # True when no damping up to MAX_DAMP worked and plain rounding was used
+
+
+def accumulate_hessian(hessian: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """Add x^T x for a batch of layer inputs x [tokens, in] (padding rows must be removed first)."""
+    x = x.reshape(-1, x.shape[-1]).float()
+    update = x.T @ x
+    return update if hessian is None else hessian.add_(update)
+
+
+def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor | None, float]:
+    """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, raising damp until H is positive definite."""
+    mean_diag = hessian.diagonal().mean()
+    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    while damp <= MAX_DAMP:
+        lower, info = torch.linalg.cholesky_ex(hessian + damp * mean_diag * eye)
+        if info == 0:
+            inverse = torch.cholesky_inverse(lower)
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            if info == 0:
+                return upper, damp
+        damp = round(damp + 0.01, 4) if damp >= 0.01 else 0.01
+    return None, damp
+
+
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightScheme, block_size: int = 128,
+                  damp: float = 0.01, act_order: bool = False) -> GPTQResult:
+    """Quantize ``weight`` [out, in] given the input Hessian [in, in].
+
+    With ``act_order`` columns are visited by decreasing Hessian diagonal; group parameters are then
+    computed up front from the original weight (static groups), so groups stay contiguous and no
+    g_idx needs to be stored."""
+    w = weight.detach().clone().float()
+    h = hessian.detach().clone().float()
+    out_features, in_features = w.shape
+    dead = h.diagonal() == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    width = scheme.width(in_features)
+    if block_size % width and width % block_size:
+        block_size = width
+    static = _group_params(w, scheme) if act_order or scheme.group_size == -1 else None
+    perm = torch.argsort(h.diagonal(), descending=True) if act_order else torch.arange(in_features)
+    w, h = w[:, perm], h[perm][:, perm]
+    hinv, damp_used = inverse_hessian_factor(h, damp)
+    rtn_fallback = hinv is None
+    if rtn_fallback:
+        hinv = torch.eye(in_features)
+    q = torch.zeros_like(w)
+    scales = torch.zeros(out_features, scheme.groups(in_features))
+    zeros = torch.zeros_like(scales)
+    for start in range(0, in_features, block_size):
+        end = min(start + block_size, in_features)
+        block, errors = w[:, start:end].clone(), torch.zeros(out_features, end - start)
+        block_hinv = hinv[start:end, start:end]
+        for i in range(end - start):
+            column = int(perm[start + i])
+            group = column // width
+            if static is not None:
+                scale, zero = static[0][:, group], static[1][:, group]
+            elif (start + i) % width == 0:  # dynamic groups: parameters from the error-updated columns
+                scale, zero = grid_params(block[:, i:i + width], scheme)
+                scales[:, group], zeros[:, group] = scale, zero
+            codes = quantize_to_grid(block[:, i], scale, zero, scheme.max_q)
+            dequantized = (codes - zero) * scale
+            q[:, start + i] = codes
+            error = (block[:, i] - dequantized) / block_hinv[i, i]
+            block[:, i:] -= error[:, None] * block_hinv[i, i:][None, :]
+            errors[:, i] = error
+        w[:, end:] -= errors @ hinv[start:end, end:]
+    if static is not None:
+        scales, zeros = static
+    codes = torch.empty_like(q)
+    codes[:, perm] = q
+    weight_out = QuantizedWeight(q=codes.to(torch.uint8), scale=scales, zero=zeros.to(torch.int32),
+                                 bits=scheme.bits, group_size=scheme.group_size, symmetric=scheme.symmetric)
+    return GPTQResult(weight=weight_out, damp=damp_used, rtn_fallback=rtn_fallback)
+
+
+def _group_params(w: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    out_features, in_features = w.shape
+    groups, width = scheme.groups(in_features), scheme.width(in_features)
+    scale, zero = grid_params(w.reshape(out_features * groups, width), scheme)
+    return scale.reshape(out_features, groups), zero.reshape(out_features, groups)

@@ -1,0 +1,75 @@
+"""Round-to-nearest integer quantization on a per-group affine grid: the baseline every method must beat,
+and the grid that GPTQ and AWQ quantize onto.
+
+Grid (as GPTQ and compressed-tensors compute it): the range always includes 0;
+symmetric: scale = absmax / (2**(bits-1) - 0.5), zero = 2**(bits-1);
+asymmetric: scale = (max - min) / (2**bits - 1), zero = round(-min / scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.formats.quantized import QuantizedWeight
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    bits: int = 4
+    group_size: int = 64  # -1: one group per output channel
+    symmetric: bool = False
+    # Checkpoints store scales in the model dtype; codes are computed against the rounded scale so
+    # that what is written dequantizes to exactly what was measured.
+    scale_dtype: torch.dtype = torch.float16
+
+    @property
+    def max_q(self) -> int:
+        return 2**self.bits - 1
+
+    def groups(self, in_features: int) -> int:
+        return 1 if self.group_size == -1 else in_features // self.group_size
+
+    def width(self, in_features: int) -> int:
+        return in_features if self.group_size == -1 else self.group_size
+
+
+def grid_params(w: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero for each row of ``w`` [rows, columns] (one group per row)."""
+    w = w.float()
+    low = w.amin(dim=1).clamp(max=0)
+    high = w.amax(dim=1).clamp(min=0)
+    if scheme.symmetric:
+        absmax = torch.maximum(-low, high)
+        scale = absmax / (2 ** (scheme.bits - 1) - 0.5)
+        zero = torch.full_like(scale, 2 ** (scheme.bits - 1))
+    else:
+        scale = (high - low) / scheme.max_q
+        zero = torch.round(-low / scale.clamp(min=torch.finfo(torch.float32).tiny))
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # an all-zero row stays exactly zero
+    scale = scale.clamp(min=torch.finfo(scheme.scale_dtype).tiny).to(scheme.scale_dtype).float()
+    return scale, zero.clamp(0, scheme.max_q)
+
+
+def quantize_to_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, max_q: int) -> torch.Tensor:
+    """Integer codes for ``w`` [rows, cols] on per-row (or broadcastable) scale and zero."""
+    return torch.clamp(torch.round(w.float() / scale) + zero, 0, max_q)
+
+
+def fake_quantize(w: torch.Tensor, scheme: WeightScheme) -> torch.Tensor:
+    """Quantize and dequantize in one go, in the input's shape and dtype."""
+    return rtn_quantize(w, scheme).dequantize(w.dtype)
+
+
+def rtn_quantize(w: torch.Tensor, scheme: WeightScheme) -> QuantizedWeight:
+    out, in_features = w.shape
+    groups, width = scheme.groups(in_features), scheme.width(in_features)
+    grouped = w.float().reshape(out * groups, width)
+    scale, zero = grid_params(grouped, scheme)
+    q = quantize_to_grid(grouped, scale[:, None], zero[:, None], scheme.max_q)
+    return QuantizedWeight(
+        q=q.reshape(out, in_features).to(torch.uint8), scale=scale.reshape(out, groups),
+        zero=zero.reshape(out, groups).to(torch.int32), bits=scheme.bits, group_size=scheme.group_size,
+        symmetric=scheme.symmetric,
+    )

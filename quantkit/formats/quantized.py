@@ -1,0 +1,42 @@
+"""The one in-memory form of a weight-only integer-quantized linear layer, shared by every format.
+
+    W[n, k] ~= scale[n, g] * (q[n, k] - zero[n, g]),  g = g_idx[k] (default k // group_size)
+
+q and zero are unsigned integers in [0, 2**bits - 1]; a symmetric scheme has zero = 2**(bits - 1)
+everywhere. Each on-disk format converts from and to this form (for example compressed-tensors
+stores q - 2**(bits-1) and zero - 2**(bits-1) as signed values; GPTQ v1 stores zero - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class QuantizedWeight:
+    q: torch.Tensor  # [out, in] uint8
+    scale: torch.Tensor  # [out, n_groups] float32
+    zero: torch.Tensor  # [out, n_groups] int32
+    bits: int
+    group_size: int  # -1: one group spanning all input channels
+    symmetric: bool
+    g_idx: torch.Tensor | None = None  # [in] int32; None means k // group_size
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def group_index(self) -> torch.Tensor:
+        if self.g_idx is not None:
+            return self.g_idx.long()
+        in_features = self.q.shape[1]
+        size = in_features if self.group_size == -1 else self.group_size
+        return torch.arange(in_features) // size
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        g = self.group_index()
+        scale = self.scale.float()[:, g]
+        zero = self.zero.float()[:, g]
+        return ((self.q.float() - zero) * scale).to(dtype)

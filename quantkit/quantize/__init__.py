@@ -1,0 +1,1 @@
+"""`quantkit quantize`: the sequential layer-by-layer driver, method drivers and checkpoint assembly."""

@@ -1,0 +1,171 @@
+"""Per-method drivers: the state and order of work for one decoder layer. The math is in quantkit.algorithms.
+
+- RTN needs no data.
+- GPTQ quantizes stage by stage (q/k/v, o, gate/up, down); each stage's Hessian comes from inputs that
+  already went through the quantized stages before it, and the quantized output propagates.
+- AWQ observes one pass with the original weights, then searches scales and clipping per mapping
+  (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down); the next layer gets the
+  unquantized output, as AutoAWQ does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from quantkit.algorithms import awq, gptq
+from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
+from quantkit.formats.quantized import QuantizedWeight
+from quantkit.quantize.staged import STAGES, Rotary, StagedLayer, run_stages
+from quantkit.recipes import Recipe
+
+
+@dataclass
+class LinearReport:
+    name: str
+    method: str
+    error_rtn: float | None  # relative output error of plain rounding on the same inputs
+    error: float | None  # relative output error of the method
+    note: str = ""
+
+
+@dataclass
+class LayerResult:
+    outputs: list[torch.Tensor] | None
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)  # name within the layer
+    reports: list[LinearReport] = field(default_factory=list)
+
+
+def gram(inputs: list[torch.Tensor]) -> torch.Tensor:
+    hessian = None
+    for x in inputs:
+        hessian = gptq.accumulate_hessian(hessian, x)
+    return hessian
+
+
+def relative_error(original: torch.Tensor, effective: torch.Tensor, hessian: torch.Tensor) -> float:
+    return awq.output_error(original, effective, hessian) / max(
+        awq.output_error(original, torch.zeros_like(original), hessian), 1e-30)
+
+
+class Driver:
+    needs_data = True
+
+    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16):
+        self.recipe, self.prefix = recipe, prefix
+        self.scheme = recipe.weights.scheme(scale_dtype)
+
+    def targets(self, names: tuple[str, ...]) -> list[str]:
+        return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
+
+    def quantize_layer(self, staged: StagedLayer, hidden, rotary) -> LayerResult:
+        raise NotImplementedError
+
+
+class RTNDriver(Driver):
+    needs_data = False
+
+    def quantize_layer(self, staged: StagedLayer, hidden=None, rotary=None) -> LayerResult:
+        result = LayerResult(outputs=None)
+        for name in self.targets(tuple(n for stage in STAGES for n in stage)):
+            result.quantized[name] = rtn_quantize(staged.linear(name).weight.detach(), self.scheme)
+            result.reports.append(LinearReport(f"{self.prefix}.{name}", "rtn", None, None))
+        return result
+
+
+class GPTQDriver(Driver):
+    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary]) -> LayerResult:
+        options = self.recipe.quantization
+        result = LayerResult(outputs=None)
+
+        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+            targets = self.targets(names)
+            if not targets:
+                return
+            hessian = gram(inputs)
+            for name in targets:
+                linear = staged.linear(name)
+                original = linear.weight.detach().float().clone()
+                done = gptq.gptq_quantize(original, hessian, self.scheme, block_size=options.block_size,
+                                          damp=options.dampening, act_order=options.act_order)
+                dequantized = done.weight.dequantize()
+                linear.weight.data = dequantized.to(linear.weight.dtype)
+                note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
+                    f"damp raised to {done.damp}" if done.damp != options.dampening else "")
+                result.quantized[name] = done.weight
+                result.reports.append(LinearReport(
+                    f"{self.prefix}.{name}", "gptq", relative_error(original, fake_quantize(original, self.scheme),
+                                                                    hessian),
+                    relative_error(original, dequantized, hessian), note))
+
+        result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
+        return result
+
+
+class AWQDriver(Driver):
+    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary]) -> LayerResult:
+        options = self.recipe.quantization
+        observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def observe(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+            tokens = sum(x.shape[0] for x in inputs)
+            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
+            observed[names] = (gram(inputs), x_mean)
+
+        result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
+        originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
+        col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
+        row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
+        hessians = {}
+        for names, prev in zip(STAGES, self._previous_ops(staged)):
+            hessian, x_mean = observed[names]
+            targets = self.targets(names)
+            if prev is not None and targets:
+                search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
+                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid)
+                self._apply_scales(staged, prev, names, search.scales, col_scale, row_scale)
+                hessian = awq.scale_hessian(hessian, search.scales)
+            hessians.update({n: (hessian, observed[names][0]) for n in names})
+        for name in self.targets(tuple(originals)):
+            linear = staged.linear(name)
+            scaled_hessian, hessian = hessians[name]
+            weight = linear.weight.detach().float()
+            if options.clip and not name.endswith(("q_proj", "k_proj")):
+                weight = awq.search_clip(weight, scaled_hessian, self.scheme, n_grid=options.n_grid)
+            qw = rtn_quantize(weight, self.scheme)
+            result.quantized[name] = qw
+            effective = qw.dequantize() * row_scale[name][:, None] / col_scale[name][None, :]
+            original = originals[name]
+            result.reports.append(LinearReport(
+                f"{self.prefix}.{name}", "awq", relative_error(original, fake_quantize(original, self.scheme), hessian),
+                relative_error(original, effective, hessian)))
+        return result
+
+    @staticmethod
+    def _previous_ops(staged: StagedLayer) -> list[str | None]:
+        """What each stage's input scales fold into; v -> o only when shapes match (no GQA)."""
+        v, o = staged.linear("self_attn.v_proj"), staged.linear("self_attn.o_proj")
+        v_to_o = "self_attn.v_proj" if v.weight.shape == o.weight.shape else None
+        return ["input_layernorm", v_to_o, "post_attention_layernorm", "mlp.up_proj"]
+
+    @staticmethod
+    def _apply_scales(staged: StagedLayer, prev: str, names: tuple[str, ...], scales: torch.Tensor,
+                      col_scale: dict, row_scale: dict) -> None:
+        """Multiply the layers' input columns by s and divide the previous op's outputs by s."""
+        previous = staged.layer.get_submodule(prev)
+        with torch.no_grad():
+            if isinstance(previous, torch.nn.Linear):
+                previous.weight.div_(scales[:, None].to(previous.weight.dtype))
+                if previous.bias is not None:
+                    previous.bias.div_(scales.to(previous.bias.dtype))
+                row_scale[prev] = row_scale[prev] / scales
+            else:  # RMSNorm: y = w * x / rms(x)
+                previous.weight.div_(scales.to(previous.weight.dtype))
+            for name in names:
+                linear = staged.linear(name)
+                linear.weight.mul_(scales[None, :].to(linear.weight.dtype))
+                col_scale[name] = col_scale[name] * scales
+
+
+DRIVERS: dict[str, type[Driver]] = {"rtn": RTNDriver, "gptq": GPTQDriver, "awq": AWQDriver}

@@ -1,0 +1,91 @@
+"""The sequential pipeline: for each decoder layer, load its weights, let the method driver quantize it
+on the cached activations of all calibration samples, keep its outputs as the next layer's inputs,
+drop the weights. Peak memory: one layer plus the activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quantkit.calibration.layerwise import LayerwiseModel
+from quantkit.errors import QuantkitError
+from quantkit.formats.quantized import QuantizedWeight
+from quantkit.models import describe_model
+from quantkit.quantize.drivers import DRIVERS, LinearReport
+from quantkit.quantize.staged import StagedLayer
+from quantkit.recipes import Recipe
+
+LayerCallback = Callable[[int, int], None]
+
+
+@dataclass
+class QuantizedModel:
+    config: dict  # the source config.json
+    dtype: torch.dtype
+    dense: dict[str, torch.Tensor]  # every tensor that stays in the model dtype
+    quantized: dict[str, QuantizedWeight]  # module name -> weight
+    reports: list[LinearReport] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # decoder linears the recipe leaves dense
+
+
+def check_group_size(model_path: Path, recipe: Recipe) -> None:
+    """Refuse before any work when the group size does not divide a targeted layer's input size.
+    Llama-family layers all have layer 0's shapes."""
+    group = recipe.weights.group_size
+    if group == -1:
+        return
+    info = describe_model(model_path)
+    misfits = [name for name, (_, fan_in) in info.linear_shapes.items()
+               if fan_in % group and recipe.is_quantized(f"model.layers.0.{name}")]
+    if misfits:
+        fits = ", ".join(str(g) for g in info.group_sizes_that_fit) or "none of 32/64/128/256"
+        raise QuantkitError(
+            f"group size {group} does not divide the input size of {', '.join(misfits)} in {model_path}",
+            hint=f"group sizes that fit every layer: {fits}, or -1 (per channel)",
+        )
+
+
+def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | None,
+                   on_layer: LayerCallback | None = None) -> QuantizedModel:
+    model = LayerwiseModel(model_path)
+    config = model.config
+    dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.float16
+    driver_type = DRIVERS[recipe.quantization.method]
+    if driver_type.needs_data and not samples:
+        raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
+                            hint="pass --calib DIR or --dataset SET")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hidden = rotary = None
+    if driver_type.needs_data:
+        hidden = [h[0] for h in model.embed(samples)]
+        rotary = [model.position_embeddings(h[None]) for h in hidden]
+    result = QuantizedModel(config=config.to_dict(), dtype=dtype, dense={}, quantized={})
+    for index in range(model.num_layers):
+        prefix = f"model.layers.{index}"
+        with model.layer(index) as layer:
+            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim)
+            driver = driver_type(recipe, prefix, scale_dtype=dtype)
+            done = driver.quantize_layer(staged, hidden, rotary)
+            hidden = done.outputs
+            for name, tensor in layer.state_dict().items():
+                module = name.rsplit(".", 1)[0]
+                if module not in done.quantized:
+                    result.dense[f"{prefix}.{name}"] = tensor.detach().to(dtype).clone()
+            result.quantized.update({f"{prefix}.{n}": w for n, w in done.quantized.items()})
+            result.ignored += [f"{prefix}.{n}" for n, m in layer.named_modules()
+                               if isinstance(m, torch.nn.Linear) and n not in done.quantized]
+        result.reports += done.reports
+        if on_layer:
+            on_layer(index + 1, model.num_layers)
+    result.dense.update(_outside_layers(model))
+    return result
+
+
+def _outside_layers(model: LayerwiseModel) -> dict[str, torch.Tensor]:
+    """Embedding, final norm and (when not tied) lm_head, copied as stored."""
+    names = [n for n in model.store.names() if ".layers." not in n]
+    return model.store.load(names)

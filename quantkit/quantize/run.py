@@ -1,0 +1,93 @@
+"""`quantkit quantize`: recipe + model + calibration samples -> a checkpoint directory, written atomically."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quantkit import __version__
+from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
+from quantkit.data.readers import dataset_hash, read_records
+from quantkit.data.samples import select_samples, tokenize
+from quantkit.errors import QuantkitError
+from quantkit.models import load_config, load_tokenizer, resolve_model
+from quantkit.outdir import atomic_output_dir, check_output_dir
+from quantkit.quantize.checkpoint import write_compressed_tensors
+from quantkit.quantize.drivers import DRIVERS, LinearReport
+from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
+from quantkit.recipes import load_recipe
+
+FORMATS = ("compressed-tensors",)
+
+
+@dataclass
+class QuantizeOptions:
+    model: str
+    recipe: str
+    out: Path
+    calib: Path | None = None
+    dataset: str | None = None
+    num_samples: int = 128
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    seed: int = 0
+    format: str = "compressed-tensors"
+    overwrite: bool = False
+
+
+@dataclass
+class QuantizeResult:
+    out: Path
+    provenance: dict
+    reports: list[LinearReport]
+
+
+def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> QuantizeResult:
+    started = time.perf_counter()
+    if opts.format not in FORMATS:
+        raise QuantkitError(f"unknown --format {opts.format}", hint=f"use one of {', '.join(FORMATS)}")
+    if opts.calib and opts.dataset:
+        raise QuantkitError("pass either --calib or --dataset, not both")
+    recipe = load_recipe(opts.recipe)
+    check_output_dir(opts.out, opts.overwrite)
+    model_path = resolve_model(opts.model)
+    load_config(model_path)  # refuses unsupported architectures before any work
+    check_group_size(model_path, recipe)
+    samples, calib_info = None, None
+    if DRIVERS[recipe.quantization.method].needs_data:
+        samples, calib_info = _calibration_samples(opts, model_path)
+    with atomic_output_dir(opts.out, opts.overwrite) as staging:
+        model = quantize_model(model_path, recipe, samples, on_layer)
+        provenance = {
+            "kind": "quantkit-checkpoint", "format": opts.format,
+            "model": {"ref": opts.model, "path": str(model_path)},
+            "recipe": recipe.name, "calibration": calib_info,
+            "versions": {"quantkit": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            "wall_seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb(), 1),
+            "layers": [r.__dict__ for r in model.reports],
+        }
+        write_compressed_tensors(model, recipe, model_path, staging, provenance)
+    return QuantizeResult(out=opts.out, provenance=provenance, reports=model.reports)
+
+
+def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:
+    if opts.calib:
+        manifest_path = opts.calib / "manifest.json"
+        if not manifest_path.is_file():
+            raise QuantkitError(f"{opts.calib} is not a quantkit calibrate output (no manifest.json)")
+        manifest = json.loads(manifest_path.read_text())
+        samples = load_samples(opts.calib)
+        return samples, {"calib_dir": str(opts.calib), "dataset": manifest["dataset"],
+                         "samples": len(samples), "tokens": sum(map(len, samples))}
+    if not opts.dataset:
+        raise QuantkitError("this recipe needs calibration data", hint="pass --calib DIR or --dataset SET")
+    records = read_records(opts.dataset)
+    picked = select_samples(records, tokenize(records, load_tokenizer(model_path)), opts.num_samples,
+                            opts.max_seq_len, seed=opts.seed)
+    dataset = {"ref": opts.dataset, "sha256": dataset_hash(opts.dataset), "records": len(records)}
+    return picked.input_ids, {"dataset": dataset, "samples": len(picked.input_ids), "tokens": picked.num_tokens,
+                              "truncated": picked.num_truncated, "seed": opts.seed}

@@ -1,0 +1,101 @@
+"""A Llama-family decoder layer split at the inputs of its linear layers.
+
+Calibration needs the input of every linear (q/k/v, o, gate/up, down) for every sample. Running the
+layer in these four stages, over all samples at a time, yields each input exactly once: a method can
+quantize the linears of a stage before the next stage runs (GPTQ's true-sequential order, with
+quantized outputs propagating) without re-running the layer.
+
+Activations are lists with one [tokens, hidden] tensor per sample (no padding anywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quantkit.calibration.observers import rotate_keys
+
+Rotary = tuple[torch.Tensor, torch.Tensor]
+
+# Linear layers that read the same input, in execution order.
+STAGES = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("self_attn.o_proj",),
+    ("mlp.gate_proj", "mlp.up_proj"),
+    ("mlp.down_proj",),
+)
+
+
+class StagedLayer:
+    def __init__(self, layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.layer = layer
+        self.attn, self.mlp = layer.self_attn, layer.mlp
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def linear(self, name: str) -> nn.Linear:
+        return self.layer.get_submodule(name)
+
+    @torch.no_grad()
+    def attention_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layer.input_layernorm(hidden)
+
+    @torch.no_grad()
+    def attention_core(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d)) v for one sample, causal, GQA; returns the o_proj input [tokens, heads*dim]."""
+        tokens = x.shape[0]
+        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        v = self.attn.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        cos, sin = rotary
+        q, k = rotate_keys(q, cos, sin), rotate_keys(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.attn.scaling,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
+
+    @torch.no_grad()
+    def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention."""
+        return hidden + self.attn.o_proj(attended)
+
+    @torch.no_grad()
+    def mlp_input(self, residual: torch.Tensor) -> torch.Tensor:
+        return self.layer.post_attention_layernorm(residual)
+
+    @torch.no_grad()
+    def mlp_core(self, x: torch.Tensor) -> torch.Tensor:
+        """act(gate(x)) * up(x): the down_proj input."""
+        return self.mlp.act_fn(self.mlp.gate_proj(x)) * self.mlp.up_proj(x)
+
+    @torch.no_grad()
+    def output(self, residual: torch.Tensor, gated: torch.Tensor) -> torch.Tensor:
+        return residual + self.mlp.down_proj(gated)
+
+    def forward(self, hidden: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """The whole layer for one sample, stage after stage."""
+        residual = self.attention_output(hidden, self.attention_core(self.attention_input(hidden), rotary))
+        return self.output(residual, self.mlp_core(self.mlp_input(residual)))
+
+
+StageHook = Callable[[tuple[str, ...], list[torch.Tensor]], None]
+
+
+def run_stages(staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
+               before_stage: StageHook) -> list[torch.Tensor]:
+    """Run a layer over all samples, calling ``before_stage(linear names, their inputs)`` before each
+    group of linears is used, so the hook may inspect or replace their weights first."""
+    x = [staged.attention_input(h) for h in hidden]
+    before_stage(STAGES[0], x)
+    attended = [staged.attention_core(xi, r) for xi, r in zip(x, rotary)]
+    del x
+    before_stage(STAGES[1], attended)
+    residual = [staged.attention_output(h, a) for h, a in zip(hidden, attended)]
+    del attended
+    x = [staged.mlp_input(r) for r in residual]
+    before_stage(STAGES[2], x)
+    gated = [staged.mlp_core(xi) for xi in x]
+    del x
+    before_stage(STAGES[3], gated)
+    return [staged.output(r, g) for r, g in zip(residual, gated)]

@@ -1,0 +1,120 @@
+"""Recipes: YAML files validated by pydantic. A recipe names one method with its options, the weight
+scheme, and which linear layers it targets or ignores. Unknown keys are errors naming key and file.
+
+    name: gptq-w4a16-g64
+    quantization: {method: gptq, block_size: 128, dampening: 0.01, act_order: false}
+    weights: {bits: 4, group_size: 64, symmetric: true}
+    targets: [Linear]
+    ignore: [lm_head]
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from quantkit.algorithms.rtn import WeightScheme
+from quantkit.errors import QuantkitError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightsSpec(_Strict):
+    bits: Literal[4, 8] = 4
+    group_size: int = 64
+    symmetric: bool = False
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_size(cls, value: int) -> int:
+        if value != -1 and value <= 0:
+            raise ValueError("group_size must be a positive number of input channels, or -1 for per channel")
+        return value
+
+    def scheme(self, scale_dtype: torch.dtype = torch.float16) -> WeightScheme:
+        """The internal scheme; scales are rounded to ``scale_dtype``, the dtype they are stored in."""
+        return WeightScheme(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric,
+                            scale_dtype=scale_dtype)
+
+
+class RTNMethod(_Strict):
+    method: Literal["rtn"]
+
+
+class AWQMethod(_Strict):
+    method: Literal["awq"]
+    duo_scaling: bool = True
+    clip: bool = True
+    n_grid: int = Field(20, ge=2)
+
+
+class GPTQMethod(_Strict):
+    method: Literal["gptq"]
+    block_size: int = Field(128, ge=1)
+    dampening: float = Field(0.01, gt=0, le=1)
+    act_order: bool = False
+
+
+Method = Annotated[Union[RTNMethod, AWQMethod, GPTQMethod], Field(discriminator="method")]
+
+
+class Recipe(_Strict):
+    name: str
+    description: str = ""
+    quantization: Method
+    weights: WeightsSpec = WeightsSpec()
+    targets: list[str] = ["Linear"]
+    ignore: list[str] = ["lm_head"]
+
+    def is_quantized(self, module_name: str) -> bool:
+        """Targets and ignore entries are exact module names, name suffixes, or "re:<regex>" patterns;
+        the target "Linear" means every linear layer."""
+        targeted = any(t == "Linear" or _matches(t, module_name) for t in self.targets)
+        return targeted and not any(_matches(pattern, module_name) for pattern in self.ignore)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    return name == pattern or name.endswith("." + pattern)
+
+
+def shipped_recipes_dir() -> Path:
+    return Path(str(resources.files("quantkit.recipe_files")))
+
+
+def shipped_recipe_names() -> list[str]:
+    return sorted(p.stem for p in shipped_recipes_dir().glob("*.yaml") if not p.stem.startswith(("suite", "gate")))
+
+
+def load_recipe(ref: str) -> Recipe:
+    """A shipped recipe name (``awq-w4a16-g64``) or a path to a YAML file."""
+    path = shipped_recipes_dir() / f"{ref}.yaml" if ref in shipped_recipe_names() else Path(ref).expanduser()
+    if not path.is_file():
+        raise QuantkitError(f"recipe '{ref}' not found", hint=f"shipped recipes: {', '.join(shipped_recipe_names())}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise QuantkitError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from exc
+    if not isinstance(data, dict):
+        raise QuantkitError(f"{path}: a recipe must be a YAML mapping")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise QuantkitError(f"{path}: '{key}': {message}") from exc
