@@ -144,19 +144,30 @@ def quantize(
 
 
 def _print_quantize_summary(result) -> None:
-    table = Table(title=f"{result.provenance['recipe']} -> {result.out}")
-    for column in ("layer", "method", "output error RTN", "output error", "note"):
+    """One row per decoder layer: where the error is. Per-linear numbers are in quantkit.json."""
+    recipe = result.provenance["recipe"]
+    table = Table(title=f"{recipe} -> {result.out} (relative output error on the calibration tokens)")
+    for column in ("layer", "method", "RTN error", "method error", "worst linear"):
         table.add_column(column)
-    for r in result.reports:
-        table.add_row(r.name, r.method, _percent(r.error_rtn), _percent(r.error), r.note)
+    by_layer: dict[str, list] = {}
+    for report in result.reports:
+        by_layer.setdefault(report.name.rsplit(".", 2)[0], []).append(report)
+    for layer, reports in by_layer.items():
+        measured = [r for r in reports if r.error is not None]
+        worst = max(measured, key=lambda r: r.error, default=None)
+        table.add_row(layer, reports[0].method, _percent(_mean(r.error_rtn for r in measured)),
+                      _percent(_mean(r.error for r in measured)),
+                      f"{worst.name.rsplit('.', 1)[1]} {_percent(worst.error)}" if worst else "-")
     console.print(table)
-    done = [r for r in result.reports if r.error is not None and r.error_rtn]
-    if done:
-        mean = sum(r.error for r in done) / len(done)
-        mean_rtn = sum(r.error_rtn for r in done) / len(done)
-        console.print(f"mean relative output error: {mean:.3%} (RTN on the same inputs: {mean_rtn:.3%})")
     p = result.provenance
     console.print(f"wall time {p['wall_seconds']:.1f} s, peak RSS {p['peak_rss_mb']:.0f} MB")
+    for note in sorted({f"{r.name}: {r.note}" for r in result.reports if r.note}):
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
 
 
 def _percent(value) -> str:

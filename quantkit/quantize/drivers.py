@@ -159,7 +159,7 @@ class AWQDriver(Driver):
                 previous.weight.div_(scales[:, None].to(previous.weight.dtype))
                 if previous.bias is not None:
                     previous.bias.div_(scales.to(previous.bias.dtype))
-                row_scale[prev] = row_scale[prev] / scales
+                row_scale[prev] = row_scale[prev] * scales  # rows were divided by s: multiply back
             else:  # RMSNorm: y = w * x / rms(x)
                 previous.weight.div_(scales.to(previous.weight.dtype))
             for name in names:

@@ -1,0 +1,74 @@
+import torch
+
+from quantkit.algorithms import awq
+from quantkit.algorithms.gptq import accumulate_hessian
+from quantkit.algorithms.rtn import WeightScheme, fake_quantize
+
+SCHEME = WeightScheme(4, 16, False, torch.float32)
+
+
+def _salient_inputs(tokens=2000, channels=32, salient=(3, 17)):
+    torch.manual_seed(0)
+    x = torch.randn(tokens, channels)
+    x[:, list(salient)] *= 20.0
+    return x
+
+
+def test_output_error_equals_the_error_measured_on_the_tokens():
+    x, w, a = torch.randn(50, 8), torch.randn(4, 8), torch.randn(4, 8)
+    direct = ((x @ w.T - x @ a.T) ** 2).sum()
+    torch.testing.assert_close(torch.tensor(awq.output_error(w, a, accumulate_hessian(None, x))), direct,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_weight_salience_is_relative_to_the_group_absmax():
+    w = torch.tensor([[1.0, -2.0, 4.0, 0.0], [2.0, 2.0, 1.0, 1.0]])
+    # groups of 2: row 0 -> [1, 2]/2, [4, 0]/4; row 1 -> all ones; mean over rows
+    salience = awq.weight_salience([w], WeightScheme(4, 2, False))
+    torch.testing.assert_close(salience, torch.tensor([0.75, 1.0, 1.0, 0.5]))
+
+
+def test_candidate_scales_are_normalized_around_one():
+    s = awq.candidate_scales(torch.tensor([1.0, 4.0, 16.0]), torch.tensor([0.5, 0.5, 0.5]), ratio=0.5)
+    torch.testing.assert_close(s.max() * s.min(), torch.tensor(1.0))
+    assert s[2] > s[1] > s[0]
+
+
+def test_scale_search_protects_salient_channels_and_beats_rounding():
+    x = _salient_inputs()
+    w = torch.randn(24, 32)
+    h = accumulate_hessian(None, x)
+    x_mean = x.abs().mean(dim=0)
+    found = awq.search_scales([w], x_mean, h, SCHEME)
+    assert 0 <= found.ratio < 1
+    assert found.loss < 0.8 * found.loss_unscaled
+    others = torch.ones(32, dtype=torch.bool)
+    others[[3, 17]] = False
+    assert found.scales[[3, 17]].min() > found.scales[others].max()
+    # the scaled weights, divided back, give the error the search reported
+    effective = fake_quantize(w * found.scales, SCHEME) / found.scales
+    assert abs(awq.output_error(w, effective, h) - found.loss) < 1e-3 * found.loss
+
+
+def test_scale_search_never_returns_worse_than_plain_rounding():
+    x = torch.randn(500, 32)  # no salient channels: scaling has little to offer
+    w = torch.randn(8, 32)
+    found = awq.search_scales([w], x.abs().mean(dim=0), accumulate_hessian(None, x), SCHEME)
+    assert found.loss <= found.loss_unscaled
+
+
+def test_clip_search_lowers_the_group_output_error():
+    torch.manual_seed(1)
+    x = torch.randn(1000, 32)
+    w = torch.randn(16, 32)
+    w[:, 5] *= 8.0  # outliers that stretch their groups' ranges
+    h = accumulate_hessian(None, x)
+    clipped = awq.search_clip(w, h, SCHEME)
+    assert (clipped.abs() <= w.abs()).all()
+    assert awq.output_error(w, fake_quantize(clipped, SCHEME), h) < awq.output_error(w, fake_quantize(w, SCHEME), h)
+
+
+def test_scaled_hessian_matches_scaled_inputs():
+    x, s = torch.randn(30, 6), torch.rand(6) + 0.5
+    torch.testing.assert_close(awq.scale_hessian(accumulate_hessian(None, x), s),
+                               accumulate_hessian(None, x / s), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,96 @@
+"""`quantkit quantize` end to end on the tiny random Llama: checkpoints that a real consumer
+(transformers + compressed-tensors) loads with the same logits as our own dequantized model."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+from quantkit.calibration.layerwise import LayerwiseModel
+from quantkit.models import load_model
+from quantkit.quantize.drivers import AWQDriver
+from quantkit.quantize.staged import StagedLayer
+from tests.conftest import chat_rows, write_jsonl
+
+RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model, tmp_path_factory):
+    from quantkit.quantize.run import QuantizeOptions, quantize
+
+    root = tmp_path_factory.mktemp("ckpts")
+    data = write_jsonl(root / "calib.jsonl", chat_rows(24))
+    out = {}
+    for recipe in RECIPES:
+        result = quantize(QuantizeOptions(model=str(tiny_model), recipe=recipe, dataset=str(data),
+                                          num_samples=16, max_seq_len=64, out=root / recipe))
+        out[recipe] = (root / recipe, result)
+    return out
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_transformers_loads_the_checkpoint_with_our_logits(checkpoints, recipe):
+    path, _ = checkpoints[recipe]
+    config = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors" and config["format"] == "pack-quantized"
+    symmetric = config["config_groups"]["group_0"]["weights"]["symmetric"]
+    # Asymmetric pack-quantized checkpoints (ours and llm-compressor's) only load through
+    # compressed-tensors' dequantize path: its empty-model init expects unpacked zero points.
+    extra = {} if symmetric else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra).eval()
+    ours = load_model(path)
+    tokens = torch.randint(3, 390, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens).logits, rtol=1e-4, atol=1e-4)
+    for name in ("recipe.yaml", "quantkit.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (path / name).is_file(), name
+
+
+@pytest.mark.parametrize("recipe", ["awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder"])
+def test_methods_beat_rounding_on_every_layer_on_average(checkpoints, recipe):
+    _, result = checkpoints[recipe]
+    reports = [r for r in result.reports if r.error is not None]
+    assert len(reports) == 2 * 7
+    mean = sum(r.error for r in reports) / len(reports)
+    mean_rtn = sum(r.error_rtn for r in reports) / len(reports)
+    assert mean < 0.9 * mean_rtn, (mean, mean_rtn)
+
+
+def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    hidden = torch.randn(9, config.hidden_size)
+    rotary = model.position_embeddings(hidden[None])
+    with model.layer(0) as layer:
+        staged = StagedLayer(layer, 4, 2, config.hidden_size // 4)
+        before = staged.forward(hidden, rotary)
+        cols = {n: torch.ones(layer.get_submodule(n).in_features) for n, _ in layer.named_modules() if "proj" in n}
+        rows = {n: torch.ones(layer.get_submodule(n).out_features) for n in cols}
+        for prev, names, width in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj",
+                                                        "self_attn.v_proj"), config.hidden_size),
+                                   ("mlp.up_proj", ("mlp.down_proj",), config.intermediate_size)):
+            AWQDriver._apply_scales(staged, prev, names, torch.rand(width) + 0.5, cols, rows)
+        torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-5)
+
+
+def test_group_size_that_does_not_fit_names_layers_and_sizes(tiny_model, tmp_path, run_cli):
+    recipe = tmp_path / "g48.yaml"
+    recipe.write_text("name: g48\nquantization: {method: rtn}\nweights: {group_size: 48}\n")
+    code, _, err = run_cli("quantize", "--model", tiny_model, "--recipe", recipe, "--out", tmp_path / "o")
+    assert code == 2
+    assert "group size 48 does not divide the input size of mlp.down_proj, mlp.gate_proj" in err
+    assert "group sizes that fit every layer: 32, 64" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_data_methods_need_data_and_unknown_architectures_are_refused(tiny_model, tmp_path, run_cli):
+    code, _, err = run_cli("quantize", "--model", tiny_model, "--recipe", "gptq-w4a16-g64", "--out", tmp_path / "o")
+    assert code == 2 and "needs calibration data" in err
+    config = json.loads((tiny_model / "config.json").read_text())
+    other = tmp_path / "gpt2"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(config | {"architectures": ["GPT2LMHeadModel"]}))
+    code, _, err = run_cli("quantize", "--model", other, "--recipe", "rtn-w4a16-g64", "--out", tmp_path / "o")
+    assert code == 2 and "GPT2LMHeadModel" in err and "not supported yet" in err

@@ -1,0 +1,50 @@
+import pytest
+
+from quantkit.errors import QuantkitError
+from quantkit.recipes import load_recipe, shipped_recipe_names
+
+
+def test_shipped_recipes_load():
+    names = shipped_recipe_names()
+    for name in ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder"):
+        assert name in names
+        recipe = load_recipe(name)
+        assert recipe.name == name and recipe.weights.group_size == 64
+    assert load_recipe("gptq-w4a16-g64-actorder").quantization.act_order is True
+
+
+def test_unknown_key_names_the_key_and_the_file(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\nquantization: {method: gptq, dampning: 0.1}\n")
+    with pytest.raises(QuantkitError, match=r"r\.yaml: 'quantization\.gptq\.dampning': unknown key"):
+        load_recipe(str(path))
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("name: x\nquantization: {method: magic}\n", "'quantization'"),
+    ("name: x\nquantization: {method: rtn}\nweights: {bits: 3}\n", "'weights.bits'"),
+    ("name: x\nquantization: {method: rtn}\nweights: {group_size: 0}\n", "group_size must be"),
+    ("name: x\nquantization: {method: rtn\n", "invalid YAML"),
+    ("- just a list\n", "must be a YAML mapping"),
+])
+def test_invalid_recipes_are_one_clear_error(tmp_path, body, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(QuantkitError, match="bad.yaml") as info:
+        load_recipe(str(path))
+    assert fragment in str(info.value)
+
+
+def test_missing_recipe_lists_the_shipped_ones():
+    with pytest.raises(QuantkitError, match="awq-w4a16-g64"):
+        load_recipe("no-such-recipe")
+
+
+def test_targets_and_ignore_patterns(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\nquantization: {method: rtn}\nignore: [lm_head, 're:.*\\.0\\.mlp\\..*', down_proj]\n")
+    recipe = load_recipe(str(path))
+    assert recipe.is_quantized("model.layers.1.self_attn.q_proj")
+    assert not recipe.is_quantized("model.layers.0.mlp.gate_proj")
+    assert not recipe.is_quantized("model.layers.3.mlp.down_proj")
+    assert not recipe.is_quantized("lm_head")
