@@ -237,5 +237,24 @@ def bench_calibrate(
     run_bench(model, dataset, num_samples, max_seq_len, threads, console)
 
 
+@bench_app.command("quantize", epilog="Example: quantkit bench quantize --num-samples 128 --threads 1 --peers")
+def bench_quantize(
+    model: str = typer.Option("smollm2-135m"),
+    calib_dataset: str = typer.Option("rag_product_docs_en", help="Calibration set (English technical text)."),
+    eval_dataset: str = typer.Option("pile_style_en:eval", help="Held-out text for perplexity."),
+    num_samples: int = typer.Option(128),
+    max_seq_len: int = typer.Option(512),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    recipe: list[str] = typer.Option(None, help="Recipes to run (repeatable); default: RTN, AWQ, GPTQ, GPTQ act-order."),
+    peers: bool = typer.Option(False, help="Also run llm-compressor (installed in its own venv) on the same tokens."),
+    keep: Optional[Path] = typer.Option(None, help="Keep checkpoints and tokens in this directory."),
+) -> None:
+    """Each method's wall time, peak RSS and perplexity delta against fp16, in one run."""
+    from quantkit.bench.quantize import DEFAULT_RECIPES, run_bench
+
+    run_bench(model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads,
+              list(recipe or DEFAULT_RECIPES), peers, console, keep)
+
+
 if __name__ == "__main__":
     main()

@@ -61,6 +61,7 @@ class GPTQMethod(_Strict):
     block_size: int = Field(128, ge=1)
     dampening: float = Field(0.01, gt=0, le=1)
     act_order: bool = False
+    mse: bool = False  # search each group's range for the least rounding error instead of min/max
 
 
 Method = Annotated[Union[RTNMethod, AWQMethod, GPTQMethod], Field(discriminator="method")]

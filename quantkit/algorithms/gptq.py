@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.algorithms.rtn import WeightScheme, grid_params, quantize_to_grid
+from quantkit.algorithms.rtn import WeightScheme, grid_params, mse_grid_params, quantize_to_grid
 from quantkit.formats.quantized import QuantizedWeight
 
 MAX_DAMP = 1.0
@@ -46,12 +46,13 @@ def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Te
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightScheme, block_size: int = 128,
-                  damp: float = 0.01, act_order: bool = False) -> GPTQResult:
+                  damp: float = 0.01, act_order: bool = False, mse: bool = False) -> GPTQResult:
     """Quantize ``weight`` [out, in] given the input Hessian [in, in].
 
     With ``act_order`` columns are visited by decreasing Hessian diagonal; group parameters are then
     computed up front from the original weight (static groups), so groups stay contiguous and no
-    g_idx needs to be stored."""
+    g_idx needs to be stored. With ``mse`` each group's range may shrink where that lowers rounding error."""
+    params = mse_grid_params if mse else grid_params
     w = weight.detach().clone().float()
     h = hessian.detach().clone().float()
     out_features, in_features = w.shape
@@ -61,7 +62,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     width = scheme.width(in_features)
     if block_size % width and width % block_size:
         block_size = width
-    static = _group_params(w, scheme) if act_order or scheme.group_size == -1 else None
+    static = _group_params(w, scheme, params) if act_order or scheme.group_size == -1 else None
     perm = torch.argsort(h.diagonal(), descending=True) if act_order else torch.arange(in_features)
     w, h = w[:, perm], h[perm][:, perm]
     hinv, damp_used = inverse_hessian_factor(h, damp)
@@ -81,7 +82,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
             if static is not None:
                 scale, zero = static[0][:, group], static[1][:, group]
             elif (start + i) % width == 0:  # dynamic groups: parameters from the error-updated columns
-                scale, zero = grid_params(block[:, i:i + width], scheme)
+                scale, zero = params(block[:, i:i + width], scheme)
                 scales[:, group], zeros[:, group] = scale, zero
             codes = quantize_to_grid(block[:, i], scale, zero, scheme.max_q)
             dequantized = (codes - zero) * scale
@@ -99,8 +100,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     return GPTQResult(weight=weight_out, damp=damp_used, rtn_fallback=rtn_fallback)
 
 
-def _group_params(w: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_params(w: torch.Tensor, scheme: WeightScheme, params) -> tuple[torch.Tensor, torch.Tensor]:
     out_features, in_features = w.shape
     groups, width = scheme.groups(in_features), scheme.width(in_features)
-    scale, zero = grid_params(w.reshape(out_features * groups, width), scheme)
+    scale, zero = params(w.reshape(out_features * groups, width), scheme)
     return scale.reshape(out_features, groups), zero.reshape(out_features, groups)

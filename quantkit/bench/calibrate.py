@@ -8,14 +8,14 @@ Run a worker directly: python -m quantkit.bench.calibrate MODE MODEL_DIR TOKENS_
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from quantkit.bench.workers import run_worker
 
 MODES = ("import-floor", "layerwise", "whole-model")
 
@@ -61,11 +61,7 @@ def _equal_chunks(token_ids: list[list[int]], num_samples: int, max_seq_len: int
 
 
 def _worker_process(mode: str, path: Path, tokens_file: Path, threads: int, num_samples: int = 0) -> dict:
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "quantkit.bench.calibrate", mode, str(path), str(tokens_file), str(threads),
-           str(num_samples)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker("quantkit.bench.calibrate", [mode, path, tokens_file, threads, num_samples], threads)
 
 
 def _worker(mode: str, path: Path, tokens_file: Path, threads: int, num_samples: int) -> dict:

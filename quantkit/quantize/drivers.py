@@ -88,7 +88,8 @@ class GPTQDriver(Driver):
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
                 done = gptq.gptq_quantize(original, hessian, self.scheme, block_size=options.block_size,
-                                          damp=options.dampening, act_order=options.act_order)
+                                          damp=options.dampening, act_order=options.act_order,
+                                          mse=options.mse)
                 dequantized = done.weight.dequantize()
                 linear.weight.data = dequantized.to(linear.weight.dtype)
                 note = "RTN fallback: H not positive definite" if done.rtn_fallback else (

@@ -38,3 +38,16 @@ def test_error_bounded_by_half_a_step_and_all_zero_rows_stay_zero():
     step = qw.scale.repeat_interleave(64, dim=1)
     assert ((fake_quantize(w, scheme) - w).abs() <= step / 2 + 1e-6).all()
     assert (fake_quantize(w, scheme)[3] == 0).all()
+
+
+def test_mse_grid_never_rounds_worse_and_shrinks_around_an_outlier():
+    from quantkit.algorithms.rtn import _grid_error, mse_grid_params
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 32)
+    w[0, 0] = 6.0  # one outlier stretches row 0's range
+    scheme = WeightScheme(4, -1, False, torch.float32)
+    plain = grid_params(w, scheme)
+    searched = mse_grid_params(w, scheme)
+    assert (_grid_error(w, *searched, scheme, 2.4) <= _grid_error(w, *plain, scheme, 2.4)).all()
+    assert searched[0][0] < plain[0][0]  # row 0 trades the outlier for finer steps

@@ -1,0 +1,99 @@
+"""llm-compressor worker for `quantkit bench quantize --peers`.
+
+Runs under the llm-compressor venv's python (see quantkit/bench/peers.py), so it imports only torch,
+transformers, safetensors, datasets, llmcompressor and the standard library, never quantkit.
+
+    python peer_llmcompressor.py {gptq|awq} MODEL_DIR CALIB_DIR OUT_DIR THREADS
+
+Quantizes MODEL_DIR on the calibration tokens in CALIB_DIR/samples.safetensors (`input_ids` int32 flat,
+`offsets` int64 [N+1]), saves a compressed-tensors checkpoint to OUT_DIR and prints, last, one JSON line
+{"wall_s", "peak_rss_mb"}, where wall_s times oneshot alone.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja")
+
+
+def load_samples(calib_dir: Path) -> list[list[int]]:
+    from safetensors.torch import load_file
+
+    tensors = load_file(calib_dir / "samples.safetensors")
+    ids, offsets = tensors["input_ids"], tensors["offsets"].tolist()
+    return [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+
+def calibration_dataset(samples: list[list[int]]):
+    from datasets import Dataset
+
+    # An `input_ids` column tells llm-compressor the data is tokenized already: it uses the tokens as given.
+    return Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
+
+
+def weight_args(symmetric: bool) -> dict:
+    return {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": 64}
+
+
+def recipe(method: str) -> list:
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+
+    if method == "gptq":  # W4A16, group 64, symmetric
+        groups = {"group_0": {"targets": ["Linear"], "weights": weight_args(symmetric=True)}}
+        return [GPTQModifier(config_groups=groups, ignore=["lm_head"])]
+    if method == "awq":  # W4A16_ASYM with group 64 instead of the preset's 128
+        from llmcompressor.modifiers.transform import AWQModifier
+
+        groups = {"group_0": {"targets": ["Linear"], "weights": weight_args(symmetric=False)}}
+        # Since 0.14 AWQModifier only smooths; a quantization modifier after it does the quantizing.
+        return [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
+    raise SystemExit(f"unknown method {method!r}; expected gptq or awq")
+
+
+def allow_cpu_only_awq() -> None:
+    # AWQ pins cached activations for faster host-to-GPU copies; on CPU-only torch pinning raises
+    # "Cannot access accelerator device when none is available". Pinning buys nothing here: skip it.
+    if not torch.accelerator.is_available():
+        from llmcompressor.pipelines.cache import IntermediatesCache
+
+        IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
+
+
+def main(method: str, model_dir: Path, calib_dir: Path, out_dir: Path, threads: int) -> None:
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    allow_cpu_only_awq()
+    samples = load_samples(calib_dir)
+    # float32: on an AVX2-only CPU fp16 matmuls run ~7x slower than fp32 (no native fp16 GEMM).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    start = time.perf_counter()
+    oneshot(model=model, dataset=calibration_dataset(samples), recipe=recipe(method),
+            num_calibration_samples=len(samples), max_seq_length=max(map(len, samples)),
+            shuffle_calibration_samples=False)
+    wall_s = time.perf_counter() - start
+    # Store fp16 like the source model (and quantkit): packed ints are unchanged, since the fake-quantized
+    # weights are exact multiples of their scales and fp16 rounding moves w/scale by far less than 0.5.
+    model.to(torch.float16)
+    model.save_pretrained(out_dir, save_compressed=True)
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out_dir / name)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # ru_maxrss is KiB on Linux
+    print(json.dumps({"wall_s": round(wall_s, 2), "peak_rss_mb": round(peak_rss_mb, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6:
+        raise SystemExit(__doc__)
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))

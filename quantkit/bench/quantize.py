@@ -1,0 +1,127 @@
+"""`quantkit bench quantize`: every method on the same calibration tokens, in one run: wall time, peak
+RSS (each quantization in its own process, threads pinned) and perplexity on held-out text relative to
+the fp16 model, all measured in the same run. With --peers, llm-compressor runs on the same tokens.
+
+Run a worker directly: python -m quantkit.bench.quantize quantize MODEL RECIPE CALIB_DIR OUT THREADS
+                       python -m quantkit.bench.quantize perplexity EVAL_TOKENS THREADS MODEL_DIR...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from quantkit.bench.workers import run_worker
+
+DEFAULT_RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder")
+WORKER = "quantkit.bench.quantize"
+
+
+def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: int, max_seq_len: int,
+              threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None) -> list[dict]:
+    from quantkit.models import resolve_model
+
+    path = resolve_model(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        calib_dir = _write_calibration(path, calib_dataset, num_samples, max_seq_len, work / "calib")
+        eval_file = _write_eval_tokens(path, eval_dataset, max_seq_len, work / "eval.safetensors")
+        rows = []
+        for recipe in recipes:
+            out = work / recipe
+            row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
+            rows.append(row | {"name": f"quantkit {recipe}", "path": str(out)})
+        if peers:
+            from quantkit.bench.peers import run_llmcompressor
+
+            for method in ("gptq", "awq"):
+                row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}", threads)
+                rows.append(row | {"name": f"llm-compressor {method}"})
+        ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
+    base = ppl[str(path)]
+    for row in rows:
+        row["perplexity"] = ppl[row["path"]]
+        row["delta"] = row["perplexity"] / base - 1
+    _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, base, rows)
+    return rows
+
+
+def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq_len: int, out: Path) -> Path:
+    """A calibrate-style directory holding only the samples, so every method (and peer) reads the same tokens."""
+    from safetensors.torch import save_file
+
+    from quantkit.calibration.run import _pack_samples
+    from quantkit.data.readers import dataset_hash, read_records
+    from quantkit.data.samples import select_samples, tokenize
+    from quantkit.models import load_tokenizer
+
+    records = read_records(dataset)
+    samples = select_samples(records, tokenize(records, load_tokenizer(model_path)), num_samples, max_seq_len)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_pack_samples(samples.input_ids), out / "samples.safetensors")
+    manifest = {"dataset": {"ref": dataset, "sha256": dataset_hash(dataset)}, "samples": len(samples.input_ids)}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def _write_eval_tokens(model_path: Path, dataset: str, chunk: int, out: Path) -> Path:
+    """Held-out text as consecutive chunks of ``chunk`` tokens (the usual perplexity protocol)."""
+    from safetensors.torch import save_file
+
+    from quantkit.data.readers import read_records
+    from quantkit.data.samples import tokenize
+    from quantkit.models import load_tokenizer
+
+    flat = [t for ids in tokenize(read_records(dataset), load_tokenizer(model_path)) for t in ids]
+    usable = len(flat) // chunk * chunk
+    save_file({"input_ids": torch.tensor(flat[:usable], dtype=torch.int64).view(-1, chunk)}, out)
+    return out
+
+
+def _print(console, model, calib, eval_set, n, length, threads, base, rows) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on {eval_set}, "
+                        f"{threads} thread(s)")
+    for column in ("method", "wall s", "peak RSS MB", "perplexity", "vs fp16"):
+        table.add_column(column)
+    table.add_row("fp16 baseline", "-", "-", f"{base:.3f}", "1.00x")
+    for row in rows:
+        table.add_row(row["name"], f"{row['wall_s']:.1f}", f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
+                      f"{row['delta']:+.1%}")
+    console.print(table)
+    console.print(json.dumps({"baseline_perplexity": base, "rows": rows}))
+
+
+def _quantize_worker(model_dir: str, recipe: str, calib_dir: str, out: str, threads: int) -> dict:
+    from quantkit.calibration.run import peak_rss_mb
+    from quantkit.quantize.run import QuantizeOptions, quantize
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    quantize(QuantizeOptions(model=model_dir, recipe=recipe, calib=Path(calib_dir), out=Path(out), overwrite=True))
+    return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def _perplexity_worker(eval_file: str, threads: int, model_dirs: list[str]) -> dict:
+    from safetensors.torch import load_file
+
+    from quantkit.eval.perplexity import perplexity
+    from quantkit.models import load_model
+
+    torch.set_num_threads(threads)
+    chunks = load_file(eval_file)["input_ids"].tolist()
+    return {d: perplexity(load_model(Path(d)), chunks) for d in model_dirs}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "quantize":
+        result = _quantize_worker(*sys.argv[2:6], int(sys.argv[6]))
+    else:
+        result = _perplexity_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    print(json.dumps(result))
