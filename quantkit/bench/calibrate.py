@@ -25,11 +25,16 @@ def run_bench(model: str, dataset: str, num_samples: int, max_seq_len: int, thre
     from safetensors.torch import save_file
 
     from quantkit.data.readers import read_records
-    from quantkit.data.samples import tokenize
+    from quantkit.data.samples import draw_samples
+    from quantkit.errors import QuantkitError
     from quantkit.models import load_tokenizer, resolve_model
 
     path = resolve_model(model)
-    chunks = _equal_chunks(tokenize(read_records(dataset), load_tokenizer(path)), num_samples, max_seq_len)
+    # Packed chunks are all max_seq_len long, so the whole-model batch needs no padding.
+    samples = draw_samples(read_records(dataset), load_tokenizer(path), num_samples, max_seq_len, pack=True)
+    if len(samples.input_ids) < num_samples:
+        raise QuantkitError(f"dataset {dataset} has too few tokens for {num_samples} x {max_seq_len}")
+    chunks = torch.tensor(samples.input_ids, dtype=torch.int32)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tokens_file = Path(tmp) / "tokens.safetensors"
@@ -48,16 +53,6 @@ def run_bench(model: str, dataset: str, num_samples: int, max_seq_len: int, thre
     console.print(table)
     console.print(json.dumps(rows))
     return rows
-
-
-def _equal_chunks(token_ids: list[list[int]], num_samples: int, max_seq_len: int) -> torch.Tensor:
-    """Concatenate documents and cut equal chunks, so the whole-model batch needs no padding."""
-    from quantkit.errors import QuantkitError
-
-    flat = [t for ids in token_ids for t in ids]
-    if len(flat) < num_samples * max_seq_len:
-        raise QuantkitError(f"dataset has {len(flat)} tokens, fewer than {num_samples} x {max_seq_len}")
-    return torch.tensor(flat[: num_samples * max_seq_len], dtype=torch.int32).view(num_samples, max_seq_len)
 
 
 def _worker_process(mode: str, path: Path, tokens_file: Path, threads: int, num_samples: int = 0) -> dict:

@@ -57,11 +57,10 @@ def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq
 
     from quantkit.calibration.run import _pack_samples
     from quantkit.data.readers import dataset_hash, read_records
-    from quantkit.data.samples import select_samples, tokenize
+    from quantkit.data.samples import draw_samples
     from quantkit.models import load_tokenizer
 
-    records = read_records(dataset)
-    samples = select_samples(records, tokenize(records, load_tokenizer(model_path)), num_samples, max_seq_len)
+    samples = draw_samples(read_records(dataset), load_tokenizer(model_path), num_samples, max_seq_len, pack=True)
     out.mkdir(parents=True, exist_ok=True)
     save_file(_pack_samples(samples.input_ids), out / "samples.safetensors")
     manifest = {"dataset": {"ref": dataset, "sha256": dataset_hash(dataset)}, "samples": len(samples.input_ids)}

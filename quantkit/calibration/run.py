@@ -26,7 +26,7 @@ from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.calibration.observers import LayerObserver
 from quantkit.data import coverage
 from quantkit.data.readers import dataset_hash, read_records
-from quantkit.data.samples import SampleSet, select_samples, tokenize
+from quantkit.data.samples import SampleSet, draw_samples, tokenize
 from quantkit.errors import QuantkitError
 from quantkit.models import load_config, load_tokenizer, resolve_model
 from quantkit.outdir import atomic_output_dir, check_output_dir
@@ -45,6 +45,7 @@ class CalibrateOptions:
     max_seq_len: int | None = None  # None: DEFAULT_MAX_SEQ_LEN, or the model's limit when that is smaller
     seed: int = 0
     stratify: bool = True
+    pack: bool = False
     overwrite: bool = False
 
 
@@ -74,8 +75,8 @@ def calibrate(opts: CalibrateOptions, on_layer: LayerCallback | None = None) -> 
     records = read_records(opts.dataset)
     traffic = read_records(opts.traffic) if opts.traffic else None
     tokenizer = load_tokenizer(model_path)
-    samples = select_samples(records, tokenize(records, tokenizer), opts.num_samples, opts.max_seq_len,
-                             seed=opts.seed, stratify=opts.stratify)
+    samples = draw_samples(records, tokenizer, opts.num_samples, opts.max_seq_len, seed=opts.seed,
+                           stratify=opts.stratify, pack=opts.pack)
     report = None
     if traffic is not None:
         traffic_ids = tokenize(traffic, tokenizer)
@@ -149,7 +150,7 @@ def _manifest(opts: CalibrateOptions, model_path: Path, samples: SampleSet,
         "traffic": {"ref": opts.traffic, "sha256": dataset_hash(opts.traffic)} if opts.traffic else None,
         "samples": {
             "count": len(samples.input_ids), "tokens": samples.num_tokens, "max_seq_len": opts.max_seq_len,
-            "seed": opts.seed, "stratified": opts.stratify, "truncated": samples.num_truncated,
+            "seed": opts.seed, "stratified": opts.stratify, "packed": opts.pack, "truncated": samples.num_truncated,
             "tokens_truncated": samples.tokens_truncated, "strata": samples.strata,
             "sources": [r.where for r in samples.records],
         },

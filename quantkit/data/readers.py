@@ -44,6 +44,9 @@ def resolve_dataset(ref: str) -> Path:
 
 
 def read_records(ref: str) -> list[Record]:
+    """Records of one dataset, or of several joined by commas (``pile_style_en,coding_python``)."""
+    if "," in ref:
+        return [record for part in ref.split(",") for record in read_records(part.strip())]
     path = resolve_dataset(ref)
     try:
         if path.is_dir():
@@ -61,10 +64,13 @@ def read_records(ref: str) -> list[Record]:
 
 
 def dataset_hash(ref: str) -> str:
-    """sha256 over the dataset's bytes (every file, in name order, for a directory)."""
-    path = resolve_dataset(ref)
+    """sha256 over the dataset's bytes (every file, in name order, for a directory; datasets in the
+    order given, for a comma-separated list)."""
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = []
+    for part in ref.split(","):
+        path = resolve_dataset(part.strip())
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
         with open(file, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

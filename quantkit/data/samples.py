@@ -96,6 +96,38 @@ def select_samples(
     return samples
 
 
+def pack_samples(records: list[Record], token_ids: list[list[int]], num_samples: int, max_seq_len: int,
+                 separator: list[int], seed: int = 0) -> SampleSet:
+    """Concatenate records (a seeded, stratified draw, separated by ``separator``) and cut
+    ``num_samples`` chunks of exactly ``max_seq_len`` tokens, the pile-style protocol: every sample is
+    full length, and samples cross record boundaries. The unused tail of the last record is counted."""
+    need = num_samples * max_seq_len
+    mean_len = sum(len(ids) + len(separator) for ids in token_ids) / len(token_ids)
+    rng = random.Random(seed)
+    draw = _stratified(records, token_ids, min(len(records), int(need / mean_len * 1.1) + 1), rng)
+    rest = sorted(set(range(len(records))) - set(draw))
+    rng.shuffle(draw)
+    rng.shuffle(rest)
+    stream, used = [], []
+    for i in draw + rest:
+        if len(stream) >= need:
+            break
+        stream += token_ids[i] + separator
+        used.append(i)
+    count = min(num_samples, len(stream) // max_seq_len)
+    if count < num_samples:
+        warnings.warn(f"the dataset has {len(stream)} tokens, enough for {count} packed samples of "
+                      f"{max_seq_len}, fewer than --num-samples {num_samples}: using {count}")
+    samples = SampleSet(input_ids=[stream[j * max_seq_len:(j + 1) * max_seq_len] for j in range(count)],
+                        records=[records[i] for i in used], num_available=len(records),
+                        num_truncated=1 if len(stream) > count * max_seq_len else 0,
+                        tokens_truncated=len(stream) - count * max_seq_len)
+    for i in used:
+        key = f"{records[i].task}/{length_bucket(len(token_ids[i]))}"
+        samples.strata[key] = samples.strata.get(key, 0) + 1
+    return samples
+
+
 def _stratified(records: list[Record], token_ids: list[list[int]], k: int, rng: random.Random) -> list[int]:
     strata: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, (record, ids) in enumerate(zip(records, token_ids)):
@@ -110,3 +142,14 @@ def _stratified(records: list[Record], token_ids: list[list[int]], k: int, rng: 
     for key in by_remainder[: k - sum(quota.values())]:
         quota[key] += 1
     return [i for key in keys for i in strata[key][: quota[key]]]
+
+
+def draw_samples(records: list[Record], tokenizer, num_samples: int, max_seq_len: int, seed: int = 0,
+                 stratify: bool = True, pack: bool = False) -> SampleSet:
+    """Tokenize and draw calibration samples: one record per sample (truncated, counted), or with
+    ``pack`` full-length chunks of concatenated records separated by the EOS token."""
+    token_ids = tokenize(records, tokenizer)
+    if pack:
+        separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        return pack_samples(records, token_ids, num_samples, max_seq_len, separator, seed)
+    return select_samples(records, token_ids, num_samples, max_seq_len, seed=seed, stratify=stratify)

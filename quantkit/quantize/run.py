@@ -13,7 +13,7 @@ import torch
 from quantkit import __version__
 from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
 from quantkit.data.readers import dataset_hash, read_records
-from quantkit.data.samples import select_samples, tokenize
+from quantkit.data.samples import draw_samples
 from quantkit.errors import QuantkitError
 from quantkit.models import load_config, load_tokenizer, resolve_model
 from quantkit.outdir import atomic_output_dir, check_output_dir
@@ -35,6 +35,7 @@ class QuantizeOptions:
     num_samples: int = 128
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN
     seed: int = 0
+    pack: bool = False
     format: str = "compressed-tensors"
     overwrite: bool = False
 
@@ -86,8 +87,9 @@ def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[
     if not opts.dataset:
         raise QuantkitError("this recipe needs calibration data", hint="pass --calib DIR or --dataset SET")
     records = read_records(opts.dataset)
-    picked = select_samples(records, tokenize(records, load_tokenizer(model_path)), opts.num_samples,
-                            opts.max_seq_len, seed=opts.seed)
+    picked = draw_samples(records, load_tokenizer(model_path), opts.num_samples, opts.max_seq_len,
+                          seed=opts.seed, pack=opts.pack)
     dataset = {"ref": opts.dataset, "sha256": dataset_hash(opts.dataset), "records": len(records)}
     return picked.input_ids, {"dataset": dataset, "samples": len(picked.input_ids), "tokens": picked.num_tokens,
-                              "truncated": picked.num_truncated, "seed": opts.seed}
+                              "truncated": picked.num_truncated, "seed": opts.seed,
+                              "packed": opts.pack}

@@ -91,3 +91,12 @@ def test_shipped_set_names_and_splits_resolve():
     assert resolve_dataset("support_chat_en:eval").name == "eval.jsonl"
     with pytest.raises(QuantkitError, match="unknown split"):
         resolve_dataset("support_chat_en:test")
+
+
+def test_comma_separated_datasets_are_read_and_hashed_together(tmp_path):
+    from quantkit.data.readers import dataset_hash
+
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "one"}])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": "two"}, {"text": "three"}])
+    assert [r.text for r in read_records(f"{a},{b}")] == ["one", "two", "three"]
+    assert dataset_hash(f"{a},{b}") != dataset_hash(f"{b},{a}") != dataset_hash(str(a))

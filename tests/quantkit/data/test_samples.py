@@ -54,3 +54,24 @@ def test_chat_records_render_with_the_chat_template(tiny_model):
     ids = tokenize([chat], tokenizer)[0]
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert tokenizer.decode(ids) == text
+
+
+def test_packing_gives_full_length_chunks_across_record_boundaries():
+    from quantkit.data.samples import pack_samples
+
+    records = _records(30, 10)
+    ids = [[i] * (5 + i % 7) for i in range(40)]
+    samples = pack_samples(records, ids, num_samples=6, max_seq_len=16, separator=[999], seed=1)
+    assert [len(x) for x in samples.input_ids] == [16] * 6
+    stream = [t for x in samples.input_ids for t in x]
+    assert stream.count(999) >= 5  # several records were joined, each followed by the separator
+    used = sum(len(ids[int(r.where.split(":")[1])]) + 1 for r in samples.records)
+    assert used - 6 * 16 == samples.tokens_truncated and samples.tokens_truncated < 16 + 12
+
+
+def test_packing_warns_when_the_dataset_is_too_small():
+    from quantkit.data.samples import pack_samples
+
+    with pytest.warns(UserWarning, match="enough for 2 packed samples"):
+        samples = pack_samples(_records(3, 0), [[1] * 10] * 3, num_samples=5, max_seq_len=12, separator=[0])
+    assert len(samples.input_ids) == 2
