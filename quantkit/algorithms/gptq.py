@@ -23,11 +23,18 @@ class GPTQResult:
     rtn_fallback: bool  # True when no damping up to MAX_DAMP worked and plain rounding was used
 
 
-def accumulate_hessian(hessian: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """Add x^T x for a batch of layer inputs x [tokens, in] (padding rows must be removed first)."""
-    x = x.reshape(-1, x.shape[-1]).float()
-    update = x.T @ x
-    return update if hessian is None else hessian.add_(update)
+def input_hessian(inputs: list[torch.Tensor], block: int = 512) -> torch.Tensor:
+    """H = sum of x^T x over layer inputs, each [tokens, in] (padding rows removed first).
+
+    H is symmetric, so only the blocks on and above the diagonal are multiplied (a third fewer
+    flops for a 1536-wide input) and the lower triangle is mirrored at the end."""
+    width = inputs[0].shape[-1]
+    hessian = torch.zeros(width, width)
+    for x in inputs:
+        x = x.reshape(-1, width).float()
+        for start in range(0, width, block):
+            hessian[start:start + block, start:] += x[:, start:start + block].T @ x[:, start:]
+    return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
 
 
 def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor | None, float]:

@@ -37,13 +37,6 @@ class LayerResult:
     reports: list[LinearReport] = field(default_factory=list)
 
 
-def gram(inputs: list[torch.Tensor]) -> torch.Tensor:
-    hessian = None
-    for x in inputs:
-        hessian = gptq.accumulate_hessian(hessian, x)
-    return hessian
-
-
 def relative_error(original: torch.Tensor, effective: torch.Tensor, hessian: torch.Tensor) -> float:
     return awq.output_error(original, effective, hessian) / max(
         awq.output_error(original, torch.zeros_like(original), hessian), 1e-30)
@@ -83,7 +76,7 @@ class GPTQDriver(Driver):
             targets = self.targets(names)
             if not targets:
                 return
-            hessian = gram(inputs)
+            hessian = gptq.input_hessian(inputs)
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
@@ -112,7 +105,7 @@ class AWQDriver(Driver):
         def observe(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
-            observed[names] = (gram(inputs), x_mean)
+            observed[names] = (gptq.input_hessian(inputs), x_mean)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}

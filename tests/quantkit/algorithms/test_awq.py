@@ -1,7 +1,7 @@
 import torch
 
 from quantkit.algorithms import awq
-from quantkit.algorithms.gptq import accumulate_hessian
+from quantkit.algorithms.gptq import input_hessian
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize
 
 SCHEME = WeightScheme(4, 16, False, torch.float32)
@@ -17,7 +17,7 @@ def _salient_inputs(tokens=2000, channels=32, salient=(3, 17)):
 def test_output_error_equals_the_error_measured_on_the_tokens():
     x, w, a = torch.randn(50, 8), torch.randn(4, 8), torch.randn(4, 8)
     direct = ((x @ w.T - x @ a.T) ** 2).sum()
-    torch.testing.assert_close(torch.tensor(awq.output_error(w, a, accumulate_hessian(None, x))), direct,
+    torch.testing.assert_close(torch.tensor(awq.output_error(w, a, input_hessian([x]))), direct,
                                rtol=1e-4, atol=1e-4)
 
 
@@ -37,7 +37,7 @@ def test_candidate_scales_are_normalized_around_one():
 def test_scale_search_protects_salient_channels_and_beats_rounding():
     x = _salient_inputs()
     w = torch.randn(24, 32)
-    h = accumulate_hessian(None, x)
+    h = input_hessian([x])
     x_mean = x.abs().mean(dim=0)
     found = awq.search_scales([w], x_mean, h, SCHEME)
     assert 0 <= found.ratio < 1
@@ -53,7 +53,7 @@ def test_scale_search_protects_salient_channels_and_beats_rounding():
 def test_scale_search_never_returns_worse_than_plain_rounding():
     x = torch.randn(500, 32)  # no salient channels: scaling has little to offer
     w = torch.randn(8, 32)
-    found = awq.search_scales([w], x.abs().mean(dim=0), accumulate_hessian(None, x), SCHEME)
+    found = awq.search_scales([w], x.abs().mean(dim=0), input_hessian([x]), SCHEME)
     assert found.loss <= found.loss_unscaled
 
 
@@ -62,7 +62,7 @@ def test_clip_search_lowers_the_group_output_error():
     x = torch.randn(1000, 32)
     w = torch.randn(16, 32)
     w[:, 5] *= 8.0  # outliers that stretch their groups' ranges
-    h = accumulate_hessian(None, x)
+    h = input_hessian([x])
     clipped = awq.search_clip(w, h, SCHEME)
     assert (clipped.abs() <= w.abs()).all()
     assert awq.output_error(w, fake_quantize(clipped, SCHEME), h) < awq.output_error(w, fake_quantize(w, SCHEME), h)
@@ -70,5 +70,5 @@ def test_clip_search_lowers_the_group_output_error():
 
 def test_scaled_hessian_matches_scaled_inputs():
     x, s = torch.randn(30, 6), torch.rand(6) + 0.5
-    torch.testing.assert_close(awq.scale_hessian(accumulate_hessian(None, x), s),
-                               accumulate_hessian(None, x / s), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(awq.scale_hessian(input_hessian([x]), s),
+                               input_hessian([x / s]), rtol=1e-5, atol=1e-5)

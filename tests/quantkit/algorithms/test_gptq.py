@@ -1,6 +1,6 @@
 import torch
 
-from quantkit.algorithms.gptq import accumulate_hessian, gptq_quantize, inverse_hessian_factor
+from quantkit.algorithms.gptq import gptq_quantize, input_hessian, inverse_hessian_factor
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize
 
 SCHEME = WeightScheme(4, 8, True, torch.float32)
@@ -8,9 +8,13 @@ SCHEME = WeightScheme(4, 8, True, torch.float32)
 
 def test_hessian_is_the_sum_of_outer_products():
     x = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
-    h = accumulate_hessian(None, x[:1])
-    h = accumulate_hessian(h, x[1:])
-    assert torch.equal(h, torch.tensor([[10.0, -1.0], [-1.0, 5.0]]))
+    assert torch.equal(input_hessian([x[:1], x[1:]]), torch.tensor([[10.0, -1.0], [-1.0, 5.0]]))
+
+
+def test_blocked_hessian_equals_the_full_product():
+    xs = [torch.randn(40, 70), torch.randn(13, 70)]
+    full = sum(x.T @ x for x in xs)
+    torch.testing.assert_close(input_hessian(xs, block=16), full, rtol=1e-5, atol=1e-4)
 
 
 def test_identity_hessian_reduces_to_round_to_nearest():
@@ -28,7 +32,7 @@ def test_first_column_error_moves_to_a_correlated_column():
     x = torch.randn(100, 1).repeat(1, 2)
     w = torch.tensor([[0.3, 0.1]])
     scheme = WeightScheme(4, -1, True, torch.float32)
-    result = gptq_quantize(w, accumulate_hessian(None, x), scheme, damp=1e-6)
+    result = gptq_quantize(w, input_hessian([x]), scheme, damp=1e-6)
     torch.testing.assert_close(result.weight.dequantize(), torch.tensor([[0.28, 0.12]]))
     torch.testing.assert_close(fake_quantize(w, scheme), torch.tensor([[0.28, 0.08]]))
 
@@ -38,7 +42,7 @@ def test_gptq_beats_rtn_out_of_sample_with_and_without_act_order():
     mix = torch.randn(64, 64) / 8
     x_train, x_test = torch.randn(4000, 64) @ mix, torch.randn(2000, 64) @ mix
     w = torch.randn(32, 64)
-    h = accumulate_hessian(None, x_train)
+    h = input_hessian([x_train])
     rtn_error = (x_test @ (w - fake_quantize(w, SCHEME)).T).pow(2).mean()
     for act_order in (False, True):
         result = gptq_quantize(w, h, SCHEME, block_size=16, act_order=act_order)
@@ -50,7 +54,7 @@ def test_gptq_beats_rtn_out_of_sample_with_and_without_act_order():
 def test_dead_inputs_zero_their_columns():
     x = torch.randn(100, 8)
     x[:, 2] = 0
-    result = gptq_quantize(torch.randn(4, 8), accumulate_hessian(None, x), SCHEME)
+    result = gptq_quantize(torch.randn(4, 8), input_hessian([x]), SCHEME)
     assert (result.weight.dequantize()[:, 2] == 0).all()
 
 
