@@ -52,29 +52,23 @@ def grid_params(w: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, to
     return scale, zero.clamp(0, scheme.max_q)
 
 
-def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20, max_shrink: float = 0.2,
-                    norm: float = 2.4) -> tuple[torch.Tensor, torch.Tensor]:
+def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20,
+                    max_shrink: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
     """Like grid_params, but shrink each row's range by up to ``max_shrink`` where that lowers the
-    rounding error sum |w - Q(w)|^norm (GPTQ's "mse" grid; clipping a few outliers buys resolution)."""
+    squared rounding error (GPTQ's "mse" grid: clipping a few outliers buys resolution for the rest).
+    All candidate ranges are scored in one batched pass."""
     w = w.float()
-    best_scale, best_zero = grid_params(w, scheme)
-    best_error = _grid_error(w, best_scale, best_zero, scheme, norm)
-    low, high = w.amin(dim=1, keepdim=True).clamp(max=0), w.amax(dim=1, keepdim=True).clamp(min=0)
-    for i in range(1, steps + 1):
-        factor = 1 - max_shrink * i / steps
-        scale, zero = grid_params(torch.cat([low * factor, high * factor], dim=1), scheme)
-        error = _grid_error(w, scale, zero, scheme, norm)
-        better = error < best_error
-        best_error = torch.where(better, error, best_error)
-        best_scale = torch.where(better, scale, best_scale)
-        best_zero = torch.where(better, zero, best_zero)
-    return best_scale, best_zero
-
-
-def _grid_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: WeightScheme,
-                norm: float) -> torch.Tensor:
-    q = quantize_to_grid(w, scale[:, None], zero[:, None], scheme.max_q)
-    return ((q - zero[:, None]) * scale[:, None] - w).abs().pow(norm).sum(dim=1)
+    rows = w.shape[0]
+    factors = 1 - max_shrink * torch.arange(steps + 1, dtype=torch.float32) / steps  # 1.0 first
+    low, high = w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0)
+    candidates = torch.stack([low[None] * factors[:, None], high[None] * factors[:, None]], dim=-1)
+    scale, zero = grid_params(candidates.reshape(-1, 2), scheme)
+    scale, zero = scale.view(steps + 1, rows, 1), zero.view(steps + 1, rows, 1)
+    q = quantize_to_grid(w[None], scale, zero, scheme.max_q)
+    error = ((q - zero) * scale - w[None]).square().sum(dim=2)  # [candidates, rows]
+    best = error.argmin(dim=0)  # ties keep the widest range (factor 1.0 comes first)
+    pick = torch.arange(rows)
+    return scale[best, pick, 0], zero[best, pick, 0]
 
 
 def quantize_to_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, max_q: int) -> torch.Tensor:

@@ -37,9 +37,12 @@ class LayerResult:
     reports: list[LinearReport] = field(default_factory=list)
 
 
-def relative_error(original: torch.Tensor, effective: torch.Tensor, hessian: torch.Tensor) -> float:
-    return awq.output_error(original, effective, hessian) / max(
-        awq.output_error(original, torch.zeros_like(original), hessian), 1e-30)
+def relative_errors(original: torch.Tensor, hessian: torch.Tensor, scheme,
+                    effective: torch.Tensor) -> tuple[float, float]:
+    """Output error of plain rounding and of ``effective``, each relative to the layer's output energy."""
+    energy = max(float(((original @ hessian) * original).sum()), 1e-30)
+    rtn = awq.output_error(original, fake_quantize(original, scheme), hessian)
+    return rtn / energy, awq.output_error(original, effective, hessian) / energy
 
 
 class Driver:
@@ -89,9 +92,8 @@ class GPTQDriver(Driver):
                     f"damp raised to {done.damp}" if done.damp != options.dampening else "")
                 result.quantized[name] = done.weight
                 result.reports.append(LinearReport(
-                    f"{self.prefix}.{name}", "gptq", relative_error(original, fake_quantize(original, self.scheme),
-                                                                    hessian),
-                    relative_error(original, dequantized, hessian), note))
+                    f"{self.prefix}.{name}", "gptq", *relative_errors(original, hessian, self.scheme, dequantized),
+                    note))
 
         result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
         return result
@@ -130,10 +132,8 @@ class AWQDriver(Driver):
             qw = rtn_quantize(weight, self.scheme)
             result.quantized[name] = qw
             effective = qw.dequantize() * row_scale[name][:, None] / col_scale[name][None, :]
-            original = originals[name]
             result.reports.append(LinearReport(
-                f"{self.prefix}.{name}", "awq", relative_error(original, fake_quantize(original, self.scheme), hessian),
-                relative_error(original, effective, hessian)))
+                f"{self.prefix}.{name}", "awq", *relative_errors(originals[name], hessian, self.scheme, effective)))
         return result
 
     @staticmethod
