@@ -40,3 +40,11 @@ class QuantizedWeight:
         scale = self.scale.float()[:, g]
         zero = self.zero.float()[:, g]
         return ((self.q.float() - zero) * scale).to(dtype)
+
+
+def stack_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """One weight from row blocks quantized separately with the same scheme (e.g. per attention head)."""
+    first = parts[0]
+    return QuantizedWeight(q=torch.cat([p.q for p in parts]), scale=torch.cat([p.scale for p in parts]),
+                           zero=torch.cat([p.zero for p in parts]), bits=first.bits, group_size=first.group_size,
+                           symmetric=first.symmetric, g_idx=first.g_idx)

@@ -16,7 +16,7 @@ import torch
 
 from quantkit.algorithms import awq, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
-from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats.quantized import QuantizedWeight, stack_rows
 from quantkit.quantize.staged import STAGES, Rotary, StagedLayer, run_stages
 from quantkit.recipes import Recipe
 
@@ -72,7 +72,6 @@ class RTNDriver(Driver):
 
 class GPTQDriver(Driver):
     def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary]) -> LayerResult:
-        options = self.recipe.quantization
         result = LayerResult(outputs=None)
 
         def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
@@ -83,20 +82,41 @@ class GPTQDriver(Driver):
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
-                done = gptq.gptq_quantize(original, hessian, self.scheme, block_size=options.block_size,
-                                          damp=options.dampening, act_order=options.act_order,
-                                          mse=options.mse)
-                dequantized = done.weight.dequantize()
+                if name == "self_attn.v_proj":
+                    weight, note = self._quantize_values(staged, original, inputs, rotary)
+                else:
+                    weight, note = self._quantize(original, hessian)
+                dequantized = weight.dequantize()
                 linear.weight.data = dequantized.to(linear.weight.dtype)
-                note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
-                    f"damp raised to {done.damp}" if done.damp != options.dampening else "")
-                result.quantized[name] = done.weight
+                result.quantized[name] = weight
                 result.reports.append(LinearReport(
                     f"{self.prefix}.{name}", "gptq", *relative_errors(original, hessian, self.scheme, dequantized),
                     note))
 
         result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
         return result
+
+    def _quantize(self, weight: torch.Tensor, hessian: torch.Tensor) -> tuple[QuantizedWeight, str]:
+        options = self.recipe.quantization
+        done = gptq.gptq_quantize(weight, hessian, self.scheme, block_size=options.block_size,
+                                  damp=options.dampening, act_order=options.act_order, mse=options.mse)
+        note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
+            f"damp raised to {done.damp}" if done.damp != options.dampening else "")
+        return done.weight, note
+
+    def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: list[torch.Tensor],
+                         rotary: list[Rotary]) -> tuple[QuantizedWeight, str]:
+        """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
+        a plain Hessian counts an attention-sink token once, although most queries read its value."""
+        received = [staged.attention_received(x, r) for x, r in zip(inputs, rotary)]
+        rows = weight.shape[0] // staged.num_kv_heads
+        parts, notes = [], set()
+        for head in range(staged.num_kv_heads):
+            weighted = [x * w[head].sqrt()[:, None] for x, w in zip(inputs, received)]
+            part, note = self._quantize(weight[head * rows:(head + 1) * rows], gptq.input_hessian(weighted))
+            parts.append(part)
+            notes.add(note)
+        return stack_rows(parts), "; ".join(sorted(n for n in notes if n))
 
 
 class AWQDriver(Driver):

@@ -56,6 +56,23 @@ class StagedLayer:
         return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
 
     @torch.no_grad()
+    def attention_received(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """How much each token's value reaches the attention output, per KV head [kv_heads, tokens]:
+        sum over queries (and the query heads sharing the KV head) of the squared attention
+        probability. An error in token j's value moves the output by sum_i a_ij dv_j, so a token
+        that every query attends to (an attention sink) weighs far more than its count."""
+        tokens = x.shape[0]
+        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        q, k = rotate_keys(q, *rotary)[0], rotate_keys(k, *rotary)[0]
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+        scores = (q @ k.transpose(1, 2)) * self.attn.scaling
+        causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        received = probs.square().sum(dim=1)  # [heads, tokens]
+        return received.view(self.num_kv_heads, -1, tokens).sum(dim=1)
+
+    @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention."""
         return hidden + self.attn.o_proj(attended)

@@ -19,3 +19,17 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
     assert seen == [(names, 2) for names in STAGES]
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_received_hand_case_uniform_attention(tiny_model):
+    # With q = 0 every query attends uniformly to itself and all earlier tokens: a_ij = 1 / (i + 1),
+    # so token j receives sum_{i >= j} 1 / (i + 1)^2 from each of the 2 query heads per KV head.
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    x = torch.randn(5, config.hidden_size)
+    with model.layer(0) as layer:
+        layer.self_attn.q_proj.weight.data.zero_()
+        staged = StagedLayer(layer, 4, 2, config.hidden_size // 4)
+        received = staged.attention_received(x, model.position_embeddings(x[None]))
+    expected = torch.tensor([sum(1 / (i + 1) ** 2 for i in range(j, 5)) for j in range(5)]) * 2
+    torch.testing.assert_close(received, expected.expand(2, 5))
