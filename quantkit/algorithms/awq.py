@@ -54,21 +54,19 @@ def candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor, ratio: float, d
     return torch.where(torch.isfinite(s), s, torch.ones_like(s))
 
 
-def search_scales(weights: list[torch.Tensor], x_mean: torch.Tensor, hessian: torch.Tensor | list[torch.Tensor],
+def search_scales(weights: list[torch.Tensor], x_mean: torch.Tensor, hessian: torch.Tensor,
                   scheme: WeightScheme, duo: bool = True, n_grid: int = N_GRID) -> ScaleSearch:
     """Grid-search the ratio in s = x_mean^r / w_mean^(1-r) (r = 0, 1/n, ..., (n-1)/n) for layers that
-    share one input (q/k/v, gate/up, or a single linear). ``hessian`` is shared by all weights, or is
-    a list with one per weight (row blocks whose tokens matter differently, such as value heads)."""
-    hessians = hessian if isinstance(hessian, list) else [hessian] * len(weights)
+    share one input (q/k/v, gate/up, or a single linear)."""
     w_mean = weight_salience(weights, scheme)
     best: ScaleSearch | None = None
     for step in range(n_grid):
         ratio = step / n_grid
         s = candidate_scales(x_mean, w_mean, ratio, duo)
-        loss = sum(output_error(w, fake_quantize(w.float() * s, scheme) / s, h) for w, h in zip(weights, hessians))
+        loss = sum(output_error(w, fake_quantize(w.float() * s, scheme) / s, hessian) for w in weights)
         if best is None or loss < best.loss:
             best = ScaleSearch(scales=s, ratio=ratio, loss=loss, loss_unscaled=0.0)
-    best.loss_unscaled = sum(output_error(w, fake_quantize(w.float(), scheme), h) for w, h in zip(weights, hessians))
+    best.loss_unscaled = sum(output_error(w, fake_quantize(w.float(), scheme), hessian) for w in weights)
     if best.loss_unscaled <= best.loss:  # scaling must never make a layer worse than plain rounding
         best = ScaleSearch(scales=torch.ones_like(x_mean, dtype=torch.float32), ratio=-1.0,
                            loss=best.loss_unscaled, loss_unscaled=best.loss_unscaled)

@@ -45,18 +45,6 @@ def relative_errors(original: torch.Tensor, hessian: torch.Tensor, scheme,
     return rtn / energy, awq.output_error(original, effective, hessian) / energy
 
 
-def value_hessians(staged: StagedLayer, inputs: list[torch.Tensor], rotary: list[Rotary]) -> list[torch.Tensor]:
-    """One Hessian per KV head for v_proj's rows, with each token weighted by the attention it receives.
-    A plain Hessian counts an attention-sink token once, although most queries read its value."""
-    received = [staged.attention_received(x, r) for x, r in zip(inputs, rotary)]
-    return [gptq.input_hessian([x * w[head].sqrt()[:, None] for x, w in zip(inputs, received)])
-            for head in range(staged.num_kv_heads)]
-
-
-def head_rows(weight: torch.Tensor, heads: int) -> list[torch.Tensor]:
-    return list(weight.chunk(heads, dim=0))
-
-
 class Driver:
     needs_data = True
 
@@ -118,10 +106,17 @@ class GPTQDriver(Driver):
 
     def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: list[torch.Tensor],
                          rotary: list[Rotary]) -> tuple[QuantizedWeight, str]:
-        """v_proj, one KV head's rows at a time, each with its attention-weighted Hessian."""
-        hessians = value_hessians(staged, inputs, rotary)
-        done = [self._quantize(rows, h) for rows, h in zip(head_rows(weight, staged.num_kv_heads), hessians)]
-        return stack_rows([w for w, _ in done]), "; ".join(sorted({n for _, n in done if n}))
+        """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
+        a plain Hessian counts an attention-sink token once, although most queries read its value."""
+        received = [staged.attention_received(x, r) for x, r in zip(inputs, rotary)]
+        rows = weight.shape[0] // staged.num_kv_heads
+        parts, notes = [], set()
+        for head in range(staged.num_kv_heads):
+            weighted = [x * w[head].sqrt()[:, None] for x, w in zip(inputs, received)]
+            part, note = self._quantize(weight[head * rows:(head + 1) * rows], gptq.input_hessian(weighted))
+            parts.append(part)
+            notes.add(note)
+        return stack_rows(parts), "; ".join(sorted(n for n in notes if n))
 
 
 class AWQDriver(Driver):
@@ -129,14 +124,10 @@ class AWQDriver(Driver):
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        value_h: list[torch.Tensor] = []
-
         def observe(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
             observed[names] = (gptq.input_hessian(inputs), x_mean)
-            if "self_attn.v_proj" in self.targets(names):
-                value_h.extend(value_hessians(staged, inputs, rotary))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -146,22 +137,17 @@ class AWQDriver(Driver):
         for names, prev in zip(STAGES, self._previous_ops(staged)):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
-            scales = torch.ones_like(x_mean)
             if prev is not None and targets:
-                weights, per_weight = self._search_inputs(staged, targets, hessian, value_h)
-                scales = awq.search_scales(weights, x_mean, per_weight, self.scheme, duo=options.duo_scaling,
-                                           n_grid=options.n_grid).scales
-                self._apply_scales(staged, prev, names, scales, col_scale, row_scale)
-            hessians.update({n: (awq.scale_hessian(hessian, scales), observed[names][0]) for n in names})
-        value_h = [awq.scale_hessian(h, col_scale["self_attn.v_proj"]) for h in value_h]
+                search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
+                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid)
+                self._apply_scales(staged, prev, names, search.scales, col_scale, row_scale)
+                hessian = awq.scale_hessian(hessian, search.scales)
+            hessians.update({n: (hessian, observed[names][0]) for n in names})
         for name in self.targets(tuple(originals)):
             linear = staged.linear(name)
             scaled_hessian, hessian = hessians[name]
             weight = linear.weight.detach().float()
-            if options.clip and name == "self_attn.v_proj" and value_h:
-                weight = torch.cat([awq.search_clip(rows, h, self.scheme, n_grid=options.n_grid)
-                                    for rows, h in zip(head_rows(weight, staged.num_kv_heads), value_h)])
-            elif options.clip and not name.endswith(("q_proj", "k_proj")):
+            if options.clip and not name.endswith(("q_proj", "k_proj")):
                 weight = awq.search_clip(weight, scaled_hessian, self.scheme, n_grid=options.n_grid)
             qw = rtn_quantize(weight, self.scheme)
             result.quantized[name] = qw
@@ -169,21 +155,6 @@ class AWQDriver(Driver):
             result.reports.append(LinearReport(
                 f"{self.prefix}.{name}", "awq", *relative_errors(originals[name], hessian, self.scheme, effective)))
         return result
-
-    @staticmethod
-    def _search_inputs(staged: StagedLayer, targets: list[str], hessian: torch.Tensor,
-                       value_h: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The weights a scale search scores and the Hessian of each: v_proj as one block per KV head."""
-        weights, hessians = [], []
-        for name in targets:
-            weight = staged.linear(name).weight.detach()
-            if name == "self_attn.v_proj" and value_h:
-                weights += head_rows(weight, staged.num_kv_heads)
-                hessians += value_h
-            else:
-                weights.append(weight)
-                hessians.append(hessian)
-        return weights, hessians
 
     @staticmethod
     def _previous_ops(staged: StagedLayer) -> list[str | None]:
