@@ -2,7 +2,8 @@
 
 - RTN needs no data.
 - GPTQ quantizes stage by stage (q/k/v, o, gate/up, down); each stage's Hessian comes from inputs that
-  already went through the quantized stages before it, and the quantized output propagates.
+  already went through the quantized stages before it, and the quantized output propagates. v_proj
+  goes one KV head at a time with tokens weighted by the attention they receive.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
   (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down); the next layer gets the
   unquantized output, as AutoAWQ does.
