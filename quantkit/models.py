@@ -163,6 +163,11 @@ def load_config(path: Path):
     return config
 
 
+def head_dim(config) -> int:
+    """Attention head width: explicit in newer configs, hidden / heads in older ones."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

@@ -84,15 +84,15 @@ def _whole_model_statistics(path: Path, chunks: torch.Tensor) -> None:
     from transformers import AutoModelForCausalLM
 
     from quantkit.calibration.observers import LayerObserver
+    from quantkit.models import head_dim
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     positions = torch.arange(chunks.shape[1]).unsqueeze(0)
     cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
     observers = []
     for i, layer in enumerate(model.model.layers):
-        observer = LayerObserver(layer, f"model.layers.{i}", config.num_key_value_heads, head_dim)
+        observer = LayerObserver(layer, f"model.layers.{i}", config.num_key_value_heads, head_dim(config))
         observer.set_rotary(cos, sin)
         observers.append(observer)
     with torch.no_grad():

@@ -37,9 +37,9 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
             row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
             rows.append(row | {"name": f"quantkit {recipe}", "path": str(out)})
         if peers:
-            from quantkit.bench.peers import run_llmcompressor
+            from quantkit.bench.peers import METHODS, run_llmcompressor
 
-            for method in ("gptq", "awq"):
+            for method in METHODS:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}"})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
@@ -53,16 +53,14 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
 
 def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq_len: int, out: Path) -> Path:
     """A calibrate-style directory holding only the samples, so every method (and peer) reads the same tokens."""
-    from safetensors.torch import save_file
-
-    from quantkit.calibration.run import _pack_samples
+    from quantkit.calibration.run import save_samples
     from quantkit.data.readers import dataset_hash, read_records
     from quantkit.data.samples import draw_samples
     from quantkit.models import load_tokenizer
 
     samples = draw_samples(read_records(dataset), load_tokenizer(model_path), num_samples, max_seq_len, pack=True)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(_pack_samples(samples.input_ids), out / "samples.safetensors")
+    save_samples(samples.input_ids, out / "samples.safetensors")
     manifest = {"dataset": {"ref": dataset, "sha256": dataset_hash(dataset)}, "samples": len(samples.input_ids)}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out

@@ -28,7 +28,7 @@ from quantkit.data import coverage
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import SampleSet, draw_samples, tokenize
 from quantkit.errors import QuantkitError
-from quantkit.models import load_config, load_tokenizer, resolve_model
+from quantkit.models import head_dim, load_config, load_tokenizer, resolve_model
 from quantkit.outdir import atomic_output_dir, check_output_dir
 
 DEFAULT_MAX_SEQ_LEN = 512
@@ -85,7 +85,7 @@ def calibrate(opts: CalibrateOptions, on_layer: LayerCallback | None = None) -> 
     with atomic_output_dir(opts.out, opts.overwrite) as staging:
         stats = collect_statistics(LayerwiseModel(model_path), samples.input_ids, on_layer)
         save_file(stats, staging / "stats.safetensors", metadata={"num_tokens": str(samples.num_tokens)})
-        save_file(_pack_samples(samples.input_ids), staging / "samples.safetensors")
+        save_samples(samples.input_ids, staging / "samples.safetensors")
         if report is not None:
             coverage.write_report(report, samples.input_ids, traffic_ids, staging)
         manifest = _manifest(opts, model_path, samples, report, time.perf_counter() - started)
@@ -100,13 +100,12 @@ def collect_statistics(model: LayerwiseModel, input_ids: list[list[int]],
     Samples run one by one (no padding, so no padding mask is needed); each layer's outputs are the
     next layer's inputs, so only one layer's weights and one set of activations live at a time."""
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     hidden = model.embed(input_ids)
     rotary = [model.position_embeddings(h) for h in hidden]
     stats: dict[str, torch.Tensor] = {}
     for index in range(model.num_layers):
         with model.layer(index) as layer:
-            observer = LayerObserver(layer, f"model.layers.{index}", config.num_key_value_heads, head_dim)
+            observer = LayerObserver(layer, f"model.layers.{index}", config.num_key_value_heads, head_dim(config))
             try:
                 for j, h in enumerate(hidden):
                     observer.set_rotary(*rotary[j])
@@ -119,11 +118,12 @@ def collect_statistics(model: LayerwiseModel, input_ids: list[list[int]],
     return stats
 
 
-def _pack_samples(input_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+def save_samples(input_ids: list[list[int]], path: Path) -> None:
+    """Token sequences back to back (int32) with their offsets (int64, N + 1); read by load_samples."""
     lengths = torch.tensor([len(ids) for ids in input_ids], dtype=torch.int64)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     flat = torch.tensor([t for ids in input_ids for t in ids], dtype=torch.int32)
-    return {"input_ids": flat, "offsets": offsets}
+    save_file({"input_ids": flat, "offsets": offsets}, path)
 
 
 def load_samples(calib_dir: Path) -> list[list[int]]:

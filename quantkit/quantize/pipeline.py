@@ -14,7 +14,7 @@ import torch
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.errors import QuantkitError
 from quantkit.formats.quantized import QuantizedWeight
-from quantkit.models import describe_model
+from quantkit.models import describe_model, head_dim
 from quantkit.quantize.drivers import DRIVERS, LinearReport
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
@@ -58,7 +58,6 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     if driver_type.needs_data and not samples:
         raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
                             hint="pass --calib DIR or --dataset SET")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     hidden = rotary = None
     if driver_type.needs_data:
         hidden = [h[0] for h in model.embed(samples)]
@@ -67,7 +66,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
-            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim)
+            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
             driver = driver_type(recipe, prefix, scale_dtype=dtype)
             done = driver.quantize_layer(staged, hidden, rotary)
             hidden = done.outputs
