@@ -1,0 +1,193 @@
+"""AutoAWQ "GEMM" (WQLinear_GEMM): tensors, quantization_config, checkpoint I/O.
+
+Layout per quantized Linear `<module>`, in [in, out] orientation, i.e. transposed against nn.Linear
+(reference/formats.md §0 and §1.1):
+
+    <module>.qweight  [in, out/8]    int32    q packed along `out`: nibble i of word j = column 8j + ORDER[i]
+    <module>.qzeros   [in/G, out/8]  int32    zero points, same interleave, stored raw (no GPTQ-style -1)
+    <module>.scales   [in/G, out]    float16
+
+4 bits only; G = in for group_size -1; the kernel needs in % G == 0 and out % 8 == 0. GEMM always
+subtracts a zero point, so a symmetric weight is written with its zeros (all 8), which is lossless.
+The file cannot say which it was: a checkpoint whose zeros are 8 in every layer is read back as
+symmetric, so compressed-tensors -> AutoAWQ -> compressed-tensors returns the same tensors.
+A permuted (act-order) g_idx has no place in this layout and is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors, read_json,
+                                     save_safetensors, write_json)
+from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
+from quantkit.formats.quantized import QuantizedWeight
+
+QUANT_METHOD = "awq"
+VERSION = "gemm"
+BITS = 4
+ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column 8j + ORDER[i]
+REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # argsort(ORDER): nibble position of column 8j + m
+TENSORS = ("qweight", "qzeros", "scales")
+SIDE_CONFIG = "quant_config.json"  # AutoAWQ's own file: w_bit / q_group_size / zero_point / version "GEMM"
+
+
+def pack_awq(values: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit `values` [rows, cols] -> int32 [rows, cols/8] with AWQ's column interleave."""
+    rows, cols = values.shape
+    if cols % 8:
+        raise ValueError(f"AWQ packs 8 columns per word; {cols} columns is not a multiple of 8")
+    interleaved = values.reshape(rows, cols // 8, 8)[:, :, list(ORDER)].reshape(rows, cols)
+    return pack_int32(interleaved, BITS, dim=1)
+
+
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_awq: uint8 [rows, 8 * words]."""
+    rows, words = packed.shape
+    nibbles = unpack_int32(packed, BITS, dim=1, length=8 * words)
+    return nibbles.reshape(rows, words, 8)[:, :, list(REVERSE_ORDER)].reshape(rows, 8 * words).contiguous()
+
+
+def check_representable(qw: QuantizedWeight, where: str = "weight") -> None:
+    """QuantkitError unless `qw` fits the GEMM layout exactly (bits, shapes, groups; scales are checked on write)."""
+    out_features, in_features = qw.shape
+    if qw.bits != BITS:
+        raise QuantkitError(f"{where}: AutoAWQ GEMM stores 4-bit weights only, not {qw.bits}-bit",
+                            hint="convert to gptq or keep compressed-tensors")
+    size = in_features if qw.group_size == -1 else qw.group_size
+    if out_features % 8 or in_features % size:
+        raise QuantkitError(f"{where}: [{out_features}, {in_features}] does not fit AutoAWQ GEMM "
+                            f"(needs out % 8 == 0 and in % group_size({size}) == 0)")
+    if has_permuted_groups(qw):
+        raise QuantkitError(f"{where}: act-order (permuted g_idx) groups cannot be stored in AutoAWQ GEMM, "
+                            "which has no g_idx: every group must be contiguous input channels",
+                            hint="convert to gptq or keep compressed-tensors")
+    if qw.symmetric and not bool((qw.zero == 2 ** (BITS - 1)).all()):
+        raise ValueError(f"{where}: symmetric weight must have zero == {2 ** (BITS - 1)} everywhere")
+
+
+def weight_tensors(qw: QuantizedWeight, where: str = "weight") -> dict[str, torch.Tensor]:
+    """The on-disk tensors of one quantized Linear (keys without the module prefix)."""
+    check_representable(qw, where)
+    return {"qweight": pack_awq(qw.q.t()), "qzeros": pack_awq(qw.zero.t()),
+            "scales": fp16_scales(qw.scale, where).t().contiguous()}
+
+
+def read_weight(tensors: dict[str, torch.Tensor], group_size: int, where: str = "weight") -> QuantizedWeight:
+    """Rebuild a QuantizedWeight (asymmetric: the layout always has zeros) from weight_tensors' output."""
+    missing = [k for k in TENSORS if k not in tensors]
+    if missing:
+        raise QuantkitError(f"{where}: missing tensors {missing} for an AutoAWQ GEMM layer")
+    qweight, qzeros, scales = (tensors[k] for k in TENSORS)
+    if qweight.dim() != 2 or qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+        raise QuantkitError(f"{where}: qweight/qzeros must be 2-D int32, got {qweight.dtype} "
+                            f"{tuple(qweight.shape)} and {qzeros.dtype}")
+    in_features, out_features = qweight.shape[0], 8 * qweight.shape[1]
+    size = in_features if group_size == -1 else group_size
+    if in_features % size:
+        raise QuantkitError(f"{where}: in_features {in_features} is not a multiple of group_size {size}")
+    n_groups = in_features // size
+    expected = {"qzeros": (n_groups, out_features // 8), "scales": (n_groups, out_features)}
+    for key, shape in expected.items():
+        if tuple(tensors[key].shape) != shape:
+            raise QuantkitError(f"{where}: {key} has shape {tuple(tensors[key].shape)}, expected {shape} "
+                                f"for qweight {tuple(qweight.shape)} with group size {group_size}")
+    return QuantizedWeight(q=unpack_awq(qweight).t().contiguous(), scale=scales.float().t().contiguous(),
+                           zero=unpack_awq(qzeros).t().to(torch.int32).contiguous(), bits=BITS,
+                           group_size=group_size, symmetric=False)
+
+
+def quantization_config(group_size: int, modules_to_not_convert: list[str] | None = None) -> dict:
+    """config.json["quantization_config"] as AutoAWQ writes it (to_transformers_dict); vLLM's awq_marlin
+    upgrade needs exactly bits, group_size and zero_point."""
+    return {"quant_method": QUANT_METHOD, "zero_point": True, "group_size": group_size, "bits": BITS,
+            "version": VERSION, "modules_to_not_convert": list(modules_to_not_convert) if modules_to_not_convert
+            else None}
+
+
+def weight_scheme(qconfig: dict, where: str = "quantization_config") -> int:
+    """The group size of an AutoAWQ GEMM config, in transformers' keys or AutoAWQ's own (w_bit, q_group_size)."""
+    def bad(what: str) -> QuantkitError:
+        return QuantkitError(f"{where}: {what}", hint="quantkit reads AutoAWQ GEMM checkpoints (4-bit, zero point)")
+    if not isinstance(qconfig, dict):
+        raise bad(f"expected an object, got {type(qconfig).__name__}")
+    method = str(qconfig.get("quant_method", QUANT_METHOD)).lower()  # AutoAWQ's quant_config.json has none
+    if method != QUANT_METHOD:
+        raise bad(f"quant_method is {method!r}, expected {QUANT_METHOD!r}")
+    bits = qconfig.get("bits", qconfig.get("w_bit"))
+    group_size = qconfig.get("group_size", qconfig.get("q_group_size"))
+    version = str(qconfig.get("version", VERSION)).lower()
+    if bits != BITS:
+        raise bad(f"bits {bits!r}: AutoAWQ GEMM is 4-bit only")
+    if version != VERSION:
+        raise bad(f"version {version!r}: only the GEMM layout is supported")
+    if qconfig.get("zero_point", True) is not True:
+        raise bad("zero_point is false: the GEMM layout always stores zero points")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or (group_size <= 0 and group_size != -1):
+        raise bad(f"group_size {group_size!r} is not a positive integer or -1")
+    return group_size
+
+
+def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[str, torch.Tensor],
+                     quantized: dict[str, QuantizedWeight], quant_config: dict) -> Path:
+    """Write model.safetensors + config.json (with quantization_config) into `out_dir`.
+
+    Same contract as compressed_tensors.write_checkpoint, minus the dtype: scales are always fp16 here.
+    A tied lm_head.weight is not written.
+    """
+    group_size = weight_scheme(quant_config)
+    tied = bool(hf_config.get("tie_word_embeddings", False))
+    state = {k: v for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
+    for module, qw in quantized.items():
+        if qw.group_size != group_size:
+            raise ValueError(f"{module}: group_size {qw.group_size} differs from quantization_config {group_size}")
+        if f"{module}.weight" in state:
+            raise ValueError(f"{module}.weight is both dense and quantized")
+        state.update({f"{module}.{k}": v for k, v in weight_tensors(qw, where=module).items()})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state, out)
+    config = copy.deepcopy(hf_config)
+    config["quantization_config"] = copy.deepcopy(quant_config)
+    write_json(out / "config.json", config)
+    return out
+
+
+def find_quant_config(root: Path) -> tuple[dict, dict, str]:
+    """(config.json, the AWQ quant config, where it was found): config.json first, else quant_config.json."""
+    config_file = root / "config.json"
+    config = read_json(config_file)
+    if "quantization_config" in config:
+        return config, config["quantization_config"], f"{config_file}: quantization_config"
+    if (root / SIDE_CONFIG).is_file():
+        return config, read_json(root / SIDE_CONFIG), str(root / SIDE_CONFIG)
+    raise QuantkitError(f"{config_file}: no quantization_config and no {SIDE_CONFIG} beside it",
+                        hint="this is not an AutoAWQ checkpoint")
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
+    """Read an AutoAWQ GEMM checkpoint (ours or AutoAWQ's): (hf config, dense tensors, quantized)."""
+    root = Path(path)
+    config, qconfig, where = find_quant_config(root)
+    group_size = weight_scheme(qconfig, where)
+    tensors = load_safetensors(root)
+    quantized = {}
+    for module in [k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")]:
+        parts = {s: tensors.pop(f"{module}.{s}") for s in TENSORS if f"{module}.{s}" in tensors}
+        quantized[module] = read_weight(parts, group_size, where=f"{root}: {module}")
+    stray = [k for k in tensors if k.endswith((".qzeros", ".scales"))]
+    if stray:
+        raise QuantkitError(f"{root}: {stray[0]} has no matching qweight")
+    return config, tensors, _symmetric_if_midpoint(quantized)
+
+
+def _symmetric_if_midpoint(quantized: dict[str, QuantizedWeight]) -> dict[str, QuantizedWeight]:
+    """Mark every layer symmetric when every zero is 8: the same weights, and they stay one scheme."""
+    if quantized and all(bool((qw.zero == 2 ** (BITS - 1)).all()) for qw in quantized.values()):
+        for qw in quantized.values():
+            qw.symmetric = True
+    return quantized
