@@ -242,22 +242,21 @@ def _numel(shape: list[int]) -> int:
 
 
 def load_model(path: Path, dtype=None):
-    """A transformers model for evaluation: a plain HF directory as stored, or a quantkit /
-    compressed-tensors checkpoint with every quantized weight dequantized (our own reading of the format,
-    independent of the compressed-tensors package)."""
+    """A transformers model for evaluation: a plain HF directory as stored, or a compressed-tensors, AutoAWQ
+    or GPTQ checkpoint with every quantized weight dequantized (our own reading of each format, independent
+    of the compressed-tensors / AutoAWQ / GPTQ packages)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = dtype or torch.float32
-    config_json = json.loads((path / "config.json").read_text())
-    if "quantization_config" not in config_json:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    from quantkit.formats import compressed_tensors as ct
+    from quantkit.formats.checkpoints import detect_format, read_checkpoint
 
-    _, dense, quantized = ct.read_checkpoint(path)
+    dtype = dtype or torch.float32
+    if detect_format(path) == "dense":
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    config_json, dense, quantized = read_checkpoint(path)
     state = {k: v.to(dtype) for k, v in dense.items()}
     state.update({f"{name}.weight": qw.dequantize(dtype) for name, qw in quantized.items()})
-    config_json.pop("quantization_config")
+    config_json.pop("quantization_config", None)
     config = AutoConfig.for_model(**config_json)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
