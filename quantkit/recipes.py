@@ -6,6 +6,7 @@ scheme, and which linear layers it targets or ignores. Unknown keys are errors n
     weights: {bits: 4, group_size: 64, symmetric: true}
     targets: [Linear]
     ignore: [lm_head]
+    kv_cache_scheme: {type: float, num_bits: 8, strategy: tensor}   # optional: FP8 KV-cache scales
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated, Literal, Union
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantkit.algorithms.rtn import WeightScheme
 from quantkit.errors import QuantkitError
@@ -64,7 +65,22 @@ class GPTQMethod(_Strict):
     mse: bool = False  # search each group's range for the least rounding error instead of min/max
 
 
-Method = Annotated[Union[RTNMethod, AWQMethod, GPTQMethod], Field(discriminator="method")]
+class FP8Method(_Strict):
+    """float8_e4m3fn weights per output channel; activations per token at run time (dynamic) or with
+    per-tensor scales from calibration (static). The weights section must say bits 8, symmetric, -1."""
+    method: Literal["fp8"]
+    activations: Literal["dynamic", "static"] = "dynamic"
+
+
+Method = Annotated[Union[RTNMethod, AWQMethod, GPTQMethod, FP8Method], Field(discriminator="method")]
+
+
+class KVCacheScheme(_Strict):
+    """FP8 KV cache: one k_scale and one v_scale per attention layer (absmax / 448 over calibration),
+    stored as <layer>.self_attn.k_scale / v_scale where vLLM loads them."""
+    type: Literal["float"] = "float"
+    num_bits: Literal[8] = 8
+    strategy: Literal["tensor"] = "tensor"
 
 
 class Recipe(_Strict):
@@ -74,6 +90,22 @@ class Recipe(_Strict):
     weights: WeightsSpec = WeightsSpec()
     targets: list[str] = ["Linear"]
     ignore: list[str] = ["lm_head"]
+    kv_cache_scheme: KVCacheScheme | None = None
+
+    @model_validator(mode="after")
+    def _fp8_weights(self) -> Recipe:
+        w = self.weights
+        if self.quantization.method == "fp8" and (w.bits, w.group_size, w.symmetric) != (8, -1, True):
+            raise ValueError("method fp8 quantizes weights per output channel: "
+                             "set weights to {bits: 8, group_size: -1, symmetric: true}")
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether quantizing with this recipe needs activations (KV-cache scales always do)."""
+        method = self.quantization
+        data = method.method in ("awq", "gptq") or (method.method == "fp8" and method.activations == "static")
+        return data or self.kv_cache_scheme is not None
 
     def is_quantized(self, module_name: str) -> bool:
         """Targets and ignore entries are exact module names, name suffixes, or "re:<regex>" patterns;
@@ -118,4 +150,5 @@ def load_recipe(ref: str) -> Recipe:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"])
         message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        raise QuantkitError(f"{path}: '{key}': {message}") from exc
+        message = message.removeprefix("Value error, ")
+        raise QuantkitError(f"{path}: '{key}': {message}" if key else f"{path}: {message}") from exc

@@ -3,7 +3,7 @@
 Runs under the llm-compressor venv's python (see quantkit/bench/peers.py), so it imports only torch,
 transformers, safetensors, datasets, llmcompressor and the standard library, never quantkit.
 
-    python peer_llmcompressor.py {gptq|awq} MODEL_DIR CALIB_DIR OUT_DIR THREADS
+    python peer_llmcompressor.py {gptq|awq|fp8} MODEL_DIR CALIB_DIR OUT_DIR THREADS
 
 Quantizes MODEL_DIR on the calibration tokens in CALIB_DIR/samples.safetensors (`input_ids` int32 flat,
 `offsets` int64 [N+1]), saves a compressed-tensors checkpoint to OUT_DIR and prints, last, one JSON line
@@ -56,7 +56,9 @@ def recipe(method: str) -> list:
         groups = {"group_0": {"targets": ["Linear"], "weights": weight_args(symmetric=False)}}
         # Since 0.14 AWQModifier only smooths; a quantization modifier after it does the quantizing.
         return [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
-    raise SystemExit(f"unknown method {method!r}; expected gptq or awq")
+    if method == "fp8":  # FP8_DYNAMIC preset: per-channel fp8 weights, per-token dynamic activations
+        return [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=["lm_head"])]
+    raise SystemExit(f"unknown method {method!r}; expected gptq, awq or fp8")
 
 
 def allow_cpu_only_awq() -> None:

@@ -1,4 +1,5 @@
 """compressed-tensors `pack-quantized` (W4A16 / W8A16): tensors, quantization_config, checkpoint I/O.
+Checkpoint I/O also covers `float-quantized` (FP8), whose tensors live in quantkit.formats.float_quantized.
 
 Layout per quantized Linear `<module>` (torch [out, in] orientation, see reference/formats.md §0 and §3):
 
@@ -24,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats import float_quantized
+from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -208,14 +210,12 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     dense_tensors are written as given (already in the model dtype); quantized maps a module name
     ("model.layers.0.self_attn.q_proj") to its weight. A tied lm_head.weight is not written.
     """
-    bits, group_size, symmetric, actorder = weight_scheme(quant_config)
     tied = bool(hf_config.get("tie_word_embeddings", False))
     state = {k: v.contiguous() for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
-    for module, qw in quantized.items():
-        _check_matches_scheme(module, qw, bits, group_size, symmetric, actorder)
+    for module, tensors in _module_tensors(quantized, quant_config, dtype):
         if f"{module}.weight" in state:
             raise ValueError(f"{module}.weight is both dense and quantized")
-        state.update({f"{module}.{k}": v for k, v in weight_tensors(qw, dtype).items()})
+        state.update({f"{module}.{k}": v for k, v in tensors.items()})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -223,6 +223,20 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     config["quantization_config"] = copy.deepcopy(quant_config)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
+
+
+def _module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):
+    """(module, its on-disk tensors) for every quantized Linear, in the config's format."""
+    if quant_config.get("format") == float_quantized.FORMAT:
+        for module, weight in quantized.items():
+            if not isinstance(weight, Fp8Weight):
+                raise ValueError(f"{module}: a float-quantized checkpoint needs Fp8Weight, got {type(weight).__name__}")
+            yield module, float_quantized.weight_tensors(weight, dtype)
+        return
+    bits, group_size, symmetric, actorder = weight_scheme(quant_config)
+    for module, qw in quantized.items():
+        _check_matches_scheme(module, qw, bits, group_size, symmetric, actorder)
+        yield module, weight_tensors(qw, dtype)
 
 
 def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_size: int, symmetric: bool,
@@ -235,8 +249,9 @@ def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_siz
         raise ValueError(f"{module}: has a permuted g_idx but quantization_config actorder is {actorder!r}")
 
 
-def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
-    """Read a pack-quantized checkpoint (ours or llm-compressor's): (hf config, dense tensors, quantized)."""
+def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight | Fp8Weight]]:
+    """Read a pack-quantized or float-quantized (FP8) checkpoint, ours or llm-compressor's:
+    (hf config, dense tensors, quantized). KV-cache scales, if any, stay among the dense tensors."""
     root = Path(path)
     config_file = root / "config.json"
     if not config_file.is_file():
@@ -247,14 +262,22 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
         raise QuantkitError(f"{config_file}: invalid JSON ({exc})") from exc
     if "quantization_config" not in config:
         raise QuantkitError(f"{config_file}: no quantization_config", hint="this is not a quantized checkpoint")
-    scheme = weight_scheme(config["quantization_config"], where=f"{config_file}: quantization_config")
+    qconfig, where = config["quantization_config"], f"{config_file}: quantization_config"
+    fp8_activations = None
+    if isinstance(qconfig, dict) and qconfig.get("format") == float_quantized.FORMAT:
+        fp8_activations = float_quantized.activation_scheme(qconfig, where)
+    else:
+        scheme = weight_scheme(qconfig, where=where)
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise QuantkitError(f"{root}: no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_file(str(file)))
-    dense, quantized = _split_quantized(tensors, scheme[:3], root)
+    if fp8_activations is not None:
+        dense, quantized = float_quantized.split_quantized(tensors, fp8_activations, str(root))
+    else:
+        dense, quantized = _split_quantized(tensors, scheme[:3], root)
     return config, dense, quantized
 
 

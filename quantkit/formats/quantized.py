@@ -1,4 +1,5 @@
-"""The one in-memory form of a weight-only integer-quantized linear layer, shared by every format.
+"""The in-memory forms of a quantized linear weight, shared by every format: QuantizedWeight (integer,
+weight-only) and Fp8Weight (float8 weights, optionally with a static input scale). QuantizedWeight:
 
     W[n, k] ~= scale[n, g] * (q[n, k] - zero[n, g]),  g = g_idx[k] (default k // group_size)
 
@@ -48,3 +49,25 @@ def stack_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     return QuantizedWeight(q=torch.cat([p.q for p in parts]), scale=torch.cat([p.scale for p in parts]),
                            zero=torch.cat([p.zero for p in parts]), bits=first.bits, group_size=first.group_size,
                            symmetric=first.symmetric, g_idx=first.g_idx)
+
+
+@dataclass
+class Fp8Weight:
+    """A float8_e4m3fn weight with per-output-channel (or per-tensor) scales:
+
+        W[n, k] ~= float(weight[n, k]) * scale[n]
+
+    input_scale, when set, is the static per-tensor scale of the layer's input activations (W8A8
+    static); None means activations are quantized per token at run time (W8A8 dynamic).
+    """
+
+    weight: torch.Tensor  # [out, in] float8_e4m3fn
+    scale: torch.Tensor  # [out, 1] per channel or [1] per tensor, float32
+    input_scale: torch.Tensor | None = None  # [1] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.weight.float() * self.scale.float()).to(dtype)  # [out, 1] and [1] both broadcast

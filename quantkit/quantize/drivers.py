@@ -4,6 +4,8 @@
 - GPTQ quantizes stage by stage (q/k/v, o, gate/up, down); each stage's Hessian comes from inputs that
   already went through the quantized stages before it, and the quantized output propagates. v_proj
   goes one KV head at a time with tokens weighted by the attention they receive.
+- FP8 casts weights per output channel (no data); static recipes take each stage's input absmax as its
+  per-tensor input scale, with the fp8 outputs of earlier stages propagating.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
   (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down); the next layer gets the
   unquantized output, as AutoAWQ does.
@@ -15,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quantkit.algorithms import awq, gptq
+from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
-from quantkit.formats.quantized import QuantizedWeight, stack_rows
+from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
 from quantkit.quantize.staged import STAGES, Rotary, StagedLayer, run_stages
 from quantkit.recipes import Recipe
 
@@ -34,7 +36,7 @@ class LinearReport:
 @dataclass
 class LayerResult:
     outputs: list[torch.Tensor] | None
-    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)  # name within the layer
+    quantized: dict[str, QuantizedWeight | Fp8Weight] = field(default_factory=dict)  # name within the layer
     reports: list[LinearReport] = field(default_factory=list)
 
 
@@ -47,10 +49,8 @@ def relative_errors(original: torch.Tensor, hessian: torch.Tensor, scheme,
 
 
 class Driver:
-    needs_data = True
-
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16):
-        self.recipe, self.prefix = recipe, prefix
+        self.recipe, self.prefix, self.scale_dtype = recipe, prefix, scale_dtype
         self.scheme = recipe.weights.scheme(scale_dtype)
 
     def targets(self, names: tuple[str, ...]) -> list[str]:
@@ -61,8 +61,6 @@ class Driver:
 
 
 class RTNDriver(Driver):
-    needs_data = False
-
     def quantize_layer(self, staged: StagedLayer, hidden=None, rotary=None) -> LayerResult:
         result = LayerResult(outputs=None)
         for name in self.targets(tuple(n for stage in STAGES for n in stage)):
@@ -183,4 +181,34 @@ class AWQDriver(Driver):
                 col_scale[name] = col_scale[name] * scales
 
 
-DRIVERS: dict[str, type[Driver]] = {"rtn": RTNDriver, "gptq": GPTQDriver, "awq": AWQDriver}
+class FP8Driver(Driver):
+    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor] | None = None,
+                       rotary: list[Rotary] | None = None) -> LayerResult:
+        static = self.recipe.quantization.activations == "static"
+        result = LayerResult(outputs=None)
+
+        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+            absmax = max(float(x.abs().max()) for x in inputs) if inputs else None
+            hessian = gptq.input_hessian(inputs) if inputs else None
+            for name in self.targets(names):
+                linear = staged.linear(name)
+                original = linear.weight.detach().float().clone()
+                weight = fp8.quantize_weight(original, self.scale_dtype, absmax if static else None)
+                dequantized = weight.dequantize()
+                linear.weight.data = dequantized.to(linear.weight.dtype)
+                result.quantized[name] = weight
+                error = None
+                if hessian is not None:
+                    energy = max(float(((original @ hessian) * original).sum()), 1e-30)
+                    error = awq.output_error(original, dequantized, hessian) / energy
+                result.reports.append(LinearReport(f"{self.prefix}.{name}", "fp8", None, error))
+
+        if hidden is None:
+            for names in STAGES:
+                quantize_stage(names, [])
+        else:
+            result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
+        return result
+
+
+DRIVERS: dict[str, type[Driver]] = {"rtn": RTNDriver, "gptq": GPTQDriver, "awq": AWQDriver, "fp8": FP8Driver}

@@ -1,6 +1,9 @@
 """The sequential pipeline: for each decoder layer, load its weights, let the method driver quantize it
 on the cached activations of all calibration samples, keep its outputs as the next layer's inputs,
 drop the weights. Peak memory: one layer plus the activations.
+
+With a kv_cache_scheme, each layer's K/V absmax is measured after quantization, with the weights the
+checkpoint will hold, on the same inputs the method saw.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import torch
 
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.errors import QuantkitError
-from quantkit.formats.quantized import QuantizedWeight
+from quantkit.algorithms import fp8
+from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 from quantkit.models import describe_model, head_dim
 from quantkit.quantize.drivers import DRIVERS, LinearReport
 from quantkit.quantize.staged import StagedLayer
@@ -27,9 +31,11 @@ class QuantizedModel:
     config: dict  # the source config.json
     dtype: torch.dtype
     dense: dict[str, torch.Tensor]  # every tensor that stays in the model dtype
-    quantized: dict[str, QuantizedWeight]  # module name -> weight
+    quantized: dict[str, QuantizedWeight | Fp8Weight]  # module name -> weight
     reports: list[LinearReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # decoder linears the recipe leaves dense
+    # "model.layers.N.self_attn.k_scale" / "v_scale" -> [1] float32, when the recipe has a kv_cache_scheme
+    kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def check_group_size(model_path: Path, recipe: Recipe) -> None:
@@ -55,11 +61,11 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     config = model.config
     dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.float16
     driver_type = DRIVERS[recipe.quantization.method]
-    if driver_type.needs_data and not samples:
+    if recipe.needs_calibration and not samples:
         raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
                             hint="pass --calib DIR or --dataset SET")
     hidden = rotary = None
-    if driver_type.needs_data:
+    if recipe.needs_calibration:
         hidden = [h[0] for h in model.embed(samples)]
         rotary = [model.position_embeddings(h[None]) for h in hidden]
     result = QuantizedModel(config=config.to_dict(), dtype=dtype, dense={}, quantized={})
@@ -69,6 +75,11 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
             driver = driver_type(recipe, prefix, scale_dtype=dtype)
             done = driver.quantize_layer(staged, hidden, rotary)
+            if recipe.kv_cache_scheme is not None:
+                _load_quantized(staged, done.quantized)
+                result.kv_scales.update(_kv_scales(staged, prefix, hidden, rotary))
+                if done.outputs is None:  # a driver without data: the next layer still needs inputs
+                    done.outputs = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
             hidden = done.outputs
             for name, tensor in layer.state_dict().items():
                 module = name.rsplit(".", 1)[0]
@@ -82,6 +93,24 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             on_layer(index + 1, model.num_layers)
     result.dense.update(_outside_layers(model))
     return result
+
+
+def _load_quantized(staged: StagedLayer, quantized: dict[str, QuantizedWeight | Fp8Weight]) -> None:
+    """Put the weights the checkpoint will hold into the layer (drivers may leave originals there)."""
+    for name, weight in quantized.items():
+        linear = staged.linear(name)
+        linear.weight.data = weight.dequantize(linear.weight.dtype)
+
+
+def _kv_scales(staged: StagedLayer, prefix: str, hidden: list[torch.Tensor],
+               rotary: list) -> dict[str, torch.Tensor]:
+    """Per-tensor FP8 KV-cache scales of one layer: absmax over every calibration token / 448."""
+    k_max = v_max = 0.0
+    for h, r in zip(hidden, rotary):
+        k, v = staged.key_value_absmax(h, r)
+        k_max, v_max = max(k_max, k), max(v_max, v)
+    return {f"{prefix}.self_attn.k_scale": fp8.scale_for(torch.tensor([k_max])),
+            f"{prefix}.self_attn.v_scale": fp8.scale_for(torch.tensor([v_max]))}
 
 
 def _outside_layers(model: LayerwiseModel) -> dict[str, torch.Tensor]:

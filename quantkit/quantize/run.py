@@ -18,7 +18,7 @@ from quantkit.errors import QuantkitError
 from quantkit.models import load_config, load_tokenizer, resolve_model
 from quantkit.outdir import atomic_output_dir, check_output_dir
 from quantkit.quantize.checkpoint import write_compressed_tensors
-from quantkit.quantize.drivers import DRIVERS, LinearReport
+from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
 from quantkit.recipes import load_recipe
 
@@ -59,7 +59,7 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     load_config(model_path)  # refuses unsupported architectures before any work
     check_group_size(model_path, recipe)
     samples, calib_info = None, None
-    if DRIVERS[recipe.quantization.method].needs_data:
+    if recipe.needs_calibration:
         samples, calib_info = _calibration_samples(opts, model_path)
     with atomic_output_dir(opts.out, opts.overwrite) as staging:
         model = quantize_model(model_path, recipe, samples, on_layer)

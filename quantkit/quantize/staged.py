@@ -73,6 +73,16 @@ class StagedLayer:
         return received.view(self.num_kv_heads, -1, tokens).sum(dim=1)
 
     @torch.no_grad()
+    def key_value_absmax(self, hidden: torch.Tensor, rotary: Rotary) -> tuple[float, float]:
+        """Largest |K| (after rotary, as a KV cache stores keys) and |V| for one sample: what FP8
+        KV-cache scales are made of."""
+        x = self.attention_input(hidden)
+        tokens = x.shape[0]
+        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        k = rotate_keys(k, *rotary)
+        return float(k.abs().max()), float(self.attn.v_proj(x).abs().max())
+
+    @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention."""
         return hidden + self.attn.o_proj(attended)

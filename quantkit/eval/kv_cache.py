@@ -1,0 +1,69 @@
+"""Simulate an FP8 KV cache on a transformers model: every key and value goes through fp8(x / scale) *
+scale before attention, with the per-layer scales a checkpoint carries (or 1.0, what engines use when
+a checkpoint has none). Keys are rounded after rotary embedding, which is what a KV cache stores.
+
+    with fp8_kv_cache(model, read_kv_scales(checkpoint)):
+        ppl = perplexity(model, samples)
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from quantkit.algorithms import fp8
+from quantkit.errors import QuantkitError
+from quantkit.formats import float_quantized
+from quantkit.formats.common import load_safetensors
+
+ATTENTION_NAME = "quantkit_fp8_kv"
+_SCALES = "_quantkit_kv_scales"  # (k_scale, v_scale) attribute set on each attention module
+_LAYER = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
+
+
+def _fp8_kv_attention(module, query, key, value, attention_mask, **kwargs):
+    # The cache holds unrounded tensors; rounding all of them on every call gives the same numbers as
+    # rounding once on write, since the round trip is deterministic.
+    k_scale, v_scale = getattr(module, _SCALES)
+    return sdpa_attention_forward(module, query, fp8.round_trip(key, k_scale), fp8.round_trip(value, v_scale),
+                                  attention_mask, **kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, _fp8_kv_attention)
+
+
+def read_kv_scales(checkpoint: Path) -> dict[int, tuple[float, float]]:
+    """Layer index -> (k_scale, v_scale) from a checkpoint's safetensors; {} when it has none."""
+    found: dict[int, dict[str, float]] = {}
+    for name, value in float_quantized.kv_scales(load_safetensors(Path(checkpoint))).items():
+        match = _LAYER.search(name)
+        if match:
+            found.setdefault(int(match[1]), {})[match[2]] = float(value.reshape(-1)[0])
+    incomplete = sorted(i for i, kv in found.items() if set(kv) != {"k", "v"})
+    if incomplete:
+        raise QuantkitError(f"{checkpoint}: layers {incomplete} have a k_scale or a v_scale but not both")
+    return {i: (kv["k"], kv["v"]) for i, kv in sorted(found.items())}
+
+
+@contextmanager
+def fp8_kv_cache(model, scales: dict[int, tuple[float, float]] | None = None):
+    """Run `model` with an FP8 (e4m3fn) KV cache; scales None means 1.0 for every layer."""
+    layers = model.model.layers
+    if scales is not None and set(scales) != set(range(len(layers))):
+        raise QuantkitError(f"KV scales cover layers {sorted(scales)}, the model has {len(layers)}")
+    previous = model.config._attn_implementation
+    for index, layer in enumerate(layers):
+        k, v = (1.0, 1.0) if scales is None else scales[index]
+        setattr(layer.self_attn, _SCALES, (torch.tensor(k), torch.tensor(v)))
+    model.set_attn_implementation(ATTENTION_NAME)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
+        for layer in layers:
+            delattr(layer.self_attn, _SCALES)

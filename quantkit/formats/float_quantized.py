@@ -1,0 +1,121 @@
+"""compressed-tensors `float-quantized` (FP8 W8A8) tensors and config, and FP8 KV-cache scales.
+
+Layout per quantized Linear `<module>` (what llm-compressor 0.14's FP8_DYNAMIC / FP8 presets write):
+
+    <module>.weight        [out, in] float8_e4m3fn   the name is unchanged from the dense model
+    <module>.weight_scale  [out, 1]  model dtype     per output channel
+    <module>.input_scale   [1]       model dtype     static activations only
+
+KV cache (any quant format): `<layer>.self_attn.k_scale` and `.v_scale`, shape [1] float32, where
+vLLM's loader finds them; the cache stores fp8(K / k_scale). An engine that finds no scales uses 1.0
+(vLLM logs "Using KV cache scaling factor 1.0"), which clips any |K| above 448 and wastes precision
+on small values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.formats.quantized import Fp8Weight
+
+FORMAT = "float-quantized"
+FP8_DTYPE = torch.float8_e4m3fn
+ACTIVATIONS = ("dynamic", "static")
+KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale")
+
+
+def _float_args(strategy: str, dynamic: bool) -> dict:
+    return {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "strategy": strategy,
+            "block_structure": None, "dynamic": dynamic, "actorder": None,
+            "observer": None if dynamic else "minmax", "observer_kwargs": {}}
+
+
+def kv_cache_scheme() -> dict:
+    """quantization_config["kv_cache_scheme"] for per-tensor FP8 K/V scales."""
+    return _float_args("tensor", dynamic=False)
+
+
+def quantization_config(activations: str, ignore: list[str], targets: list[str] | None = None,
+                        kv_cache: bool = False, version: str = "0.20.1") -> dict:
+    """config.json["quantization_config"] for FP8 weights per channel, activations per token
+    (dynamic) or per tensor from calibration (static)."""
+    if activations not in ACTIVATIONS:
+        raise QuantkitError(f"unknown FP8 activation scheme {activations!r}", hint="use dynamic or static")
+    inputs = _float_args("token", True) if activations == "dynamic" else _float_args("tensor", False)
+    group = {"targets": list(targets or ["Linear"]), "weights": _float_args("channel", False),
+             "input_activations": inputs, "output_activations": None, "format": FORMAT}
+    return {
+        "quant_method": "compressed-tensors", "format": FORMAT, "quantization_status": "compressed",
+        "config_groups": {"group_0": group}, "ignore": list(ignore),
+        "kv_cache_scheme": kv_cache_scheme() if kv_cache else None,
+        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None, "version": version,
+    }
+
+
+def activation_scheme(qconfig: dict, where: str) -> str:
+    """'dynamic' or 'static' for a float-quantized config; QuantkitError for anything else we cannot read."""
+    def bad(what: str) -> QuantkitError:
+        return QuantkitError(f"{where}: {what}", hint="quantkit reads FP8 W8A8 checkpoints with per-channel "
+                             "or per-tensor weight scales and per-token or per-tensor input scales")
+    schemes = set()
+    for name, group in (qconfig.get("config_groups") or {}).items():
+        weights, inputs = group.get("weights") or {}, group.get("input_activations")
+        if (weights.get("type"), weights.get("num_bits")) != ("float", 8):
+            raise bad(f"config_groups.{name}.weights is not 8-bit float")
+        if weights.get("strategy") not in ("channel", "tensor"):
+            raise bad(f"config_groups.{name}.weights strategy {weights.get('strategy')!r} is not channel or tensor")
+        if not inputs:
+            schemes.add("weight-only")
+        elif inputs.get("dynamic"):
+            schemes.add("dynamic")
+        elif inputs.get("strategy") == "tensor":
+            schemes.add("static")
+        else:
+            raise bad(f"config_groups.{name}.input_activations strategy {inputs.get('strategy')!r} is not supported")
+    if len(schemes) != 1:
+        raise bad(f"expected one activation scheme across config groups, found {sorted(schemes) or 'none'}")
+    return schemes.pop()
+
+
+def weight_tensors(weight: Fp8Weight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The on-disk tensors of one FP8 Linear (keys without the module prefix); scales in `dtype`."""
+    if weight.weight.dtype != FP8_DTYPE:
+        raise ValueError(f"FP8 weight must be {FP8_DTYPE}, got {weight.weight.dtype}")
+    tensors = {"weight": weight.weight.contiguous(), "weight_scale": weight.scale.to(dtype).contiguous()}
+    if weight.input_scale is not None:
+        tensors["input_scale"] = weight.input_scale.reshape(1).to(dtype)
+    return tensors
+
+
+def read_weight(tensors: dict[str, torch.Tensor], static: bool, where: str) -> Fp8Weight:
+    """Rebuild an Fp8Weight from weight_tensors' output; `where` names the layer in errors."""
+    weight, scale = tensors["weight"], tensors.get("weight_scale")
+    if scale is None:
+        raise QuantkitError(f"{where}: fp8 weight without weight_scale")
+    out_features = weight.shape[0]
+    if tuple(scale.shape) not in ((out_features, 1), (1,), (1, 1)):
+        raise QuantkitError(f"{where}: weight_scale has shape {tuple(scale.shape)}, expected "
+                            f"({out_features}, 1) per channel or (1,) per tensor")
+    input_scale = tensors.get("input_scale")
+    if static and input_scale is None:
+        raise QuantkitError(f"{where}: static FP8 activations but no input_scale")
+    return Fp8Weight(weight=weight, scale=scale.float(),
+                     input_scale=None if input_scale is None else input_scale.float().reshape(1))
+
+
+def split_quantized(tensors: dict[str, torch.Tensor], activations: str,
+                    where: str) -> tuple[dict[str, torch.Tensor], dict[str, Fp8Weight]]:
+    """Pop every fp8 Linear out of a flat state dict: (the rest, module -> Fp8Weight)."""
+    modules = [k[: -len(".weight")] for k, v in tensors.items() if k.endswith(".weight") and v.dtype == FP8_DTYPE]
+    quantized = {}
+    for module in modules:
+        parts = {s: tensors.pop(f"{module}.{s}") for s in ("weight", "weight_scale", "input_scale")
+                 if f"{module}.{s}" in tensors}
+        quantized[module] = read_weight(parts, activations == "static", f"{where}: {module}")
+    return tensors, quantized
+
+
+def kv_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The KV-cache scales present in a state dict ("model.layers.N.self_attn.k_scale" -> [1] float32)."""
+    return {k: v.float().reshape(-1) for k, v in tensors.items() if k.endswith(KV_SCALE_SUFFIXES)}
