@@ -267,4 +267,9 @@ def load_model(path: Path, dtype=None):
         raise QuantkitError(f"checkpoint {path} lacks weights: {', '.join(missing[:3])}")
     # Buffers such as the rotary inverse frequencies are computed, not stored: rebuild them on CPU.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    from quantkit.eval.fp8_inputs import quantize_linear_inputs
+    from quantkit.formats.quantized import Fp8Weight
+
+    # W8A8: the inputs are quantized too, or the model would be scored as weight-only FP8.
+    quantize_linear_inputs(model, {n: w for n, w in quantized.items() if isinstance(w, Fp8Weight)})
     return model.eval()
