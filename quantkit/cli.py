@@ -194,6 +194,23 @@ def serve() -> None:
     _not_built("serve", "serve")
 
 
+@app.command(epilog="Example: quantkit convert ckpt/ --to autoawq --out ckpt-awq/")
+def convert(
+    src: Path = typer.Argument(..., help="Quantized checkpoint directory (compressed-tensors, AutoAWQ or GPTQ)."),
+    to: str = typer.Option(..., help="Target format: compressed-tensors, autoawq or gptq."),
+    out: Path = typer.Option(..., help="Output directory (written atomically)."),
+    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+) -> None:
+    """Rewrite a quantized checkpoint in another format, bit for bit; refuse (exit 2) where that would lose anything."""
+    from quantkit.formats.convert import convert as run_convert
+
+    result = run_convert(src, to, out, overwrite)
+    console.print(f"{result.source_format} -> {result.target_format}: {result.num_quantized} quantized linears, "
+                  f"dequantized weights identical; written to {result.out}", highlight=False, soft_wrap=True)
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+
+
 @models_app.command("list", epilog="Example: quantkit models list")
 def models_list() -> None:
     """Known model names and whether each is converted and cached."""

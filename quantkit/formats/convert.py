@@ -1,0 +1,179 @@
+"""`quantkit convert`: rewrite a quantized checkpoint in another format without changing one weight.
+
+Every format reads into the same QuantizedWeight (q, scale, zero, g_idx), so a conversion is a read
+and a write. It is refused, with the reason, wherever the target cannot hold the weights exactly:
+AutoAWQ GEMM is 4-bit with contiguous groups and no g_idx; AutoAWQ and GPTQ store fp16 scales; GPTQ
+v1 cannot store a zero point of 0, so asymmetric weights go to gptq_v2. After writing, the new
+checkpoint is read back and every dequantized weight compared with the source, so a layout bug
+cannot produce a silently different model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quantkit import __version__
+from quantkit.errors import QuantkitError
+from quantkit.formats import autoawq, compressed_tensors, gptq
+from quantkit.formats.checkpoints import detect_format, read_checkpoint
+from quantkit.formats.common import has_permuted_groups, read_json
+from quantkit.formats.quantized import QuantizedWeight
+from quantkit.outdir import atomic_output_dir, check_output_dir
+
+TARGETS = ("compressed-tensors", "autoawq", "gptq")
+# Rewritten for the target (configs, weights, provenance) rather than copied from the source.
+NOT_COPIED = {"config.json", "model.safetensors.index.json", gptq.SIDE_CONFIG, autoawq.SIDE_CONFIG, "quantkit.json"}
+
+
+@dataclass
+class Scheme:
+    bits: int
+    group_size: int
+    symmetric: bool
+    act_order: bool  # some layer has a permuted g_idx
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    source_format: str
+    target_format: str
+    num_quantized: int
+    notes: list[str] = field(default_factory=list)
+
+
+def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertResult:
+    """Write `src` as format `to` into `out` (atomically), verified lossless; QuantkitError where it cannot be."""
+    if to not in TARGETS:
+        raise QuantkitError(f"unknown --to {to!r}", hint=f"use one of {', '.join(TARGETS)}")
+    source_format = detect_format(src)
+    if source_format == "dense":
+        raise QuantkitError(f"{src} is a dense checkpoint: there are no quantized weights to convert",
+                            hint="quantize it first with quantkit quantize")
+    if source_format == to:
+        raise QuantkitError(f"{src} is already {to}", hint="copy the directory instead")
+    check_output_dir(out, overwrite)
+    config, dense, quantized = read_checkpoint(src)
+    weights = _integer_weights(quantized, src, to)
+    scheme = _one_scheme(weights, src)
+    hf_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    with atomic_output_dir(out, overwrite) as staging:
+        notes = WRITERS[to](staging, hf_config, dense, weights, scheme)
+        _verify_lossless(staging, to, dense, weights, bool(hf_config.get("tie_word_embeddings", False)))
+        _copy_side_files(src, staging)
+        _write_provenance(src, staging, source_format, to)
+    return ConvertResult(out=out, source_format=source_format, target_format=to, num_quantized=len(weights),
+                         notes=notes)
+
+
+def _integer_weights(quantized: dict, src: Path, to: str) -> dict[str, QuantizedWeight]:
+    """The quantized layers, refusing anything without integer codes (e.g. FP8), which no target holds."""
+    if not quantized:
+        raise QuantkitError(f"{src}: no quantized layers found")
+    for module, weight in quantized.items():
+        if not isinstance(weight, QuantizedWeight):
+            raise QuantkitError(f"{src}: {module} is a {type(weight).__name__}, not integer codes; {to} stores "
+                                "integer weight-only layers only", hint="keep this checkpoint as it is")
+    return quantized
+
+
+def _one_scheme(weights: dict[str, QuantizedWeight], src: Path) -> Scheme:
+    """Every target writes one scheme per checkpoint, so the source must have one too."""
+    schemes = {(w.bits, w.group_size, w.symmetric) for w in weights.values()}
+    if len(schemes) > 1:
+        raise QuantkitError(f"{src}: layers use different schemes (bits, group_size, symmetric) {sorted(schemes)}",
+                            hint="mixed precision cannot be converted")
+    bits, group_size, symmetric = schemes.pop()
+    return Scheme(bits, group_size, symmetric, any(has_permuted_groups(w) for w in weights.values()))
+
+
+def _dense_linears(dense: dict[str, torch.Tensor]) -> list[str]:
+    """lm_head plus the decoder linears left unquantized: the names loaders must not expect packed."""
+    names = [k[: -len(".weight")] for k, v in dense.items()
+             if k.endswith(".weight") and v.dim() == 2 and ".layers." in k]
+    return ["lm_head", *sorted(names)]
+
+
+def _to_compressed_tensors(out: Path, hf_config: dict, dense: dict, weights: dict, scheme: Scheme) -> list[str]:
+    notes = []
+    actorder = "group" if scheme.act_order else None
+    if scheme.act_order:
+        notes.append("act-order g_idx written as actorder 'group' (weight_g_idx): vLLM reads it, "
+                     "compressed-tensors >= 0.20 in transformers refuses it")
+    qcfg = compressed_tensors.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder,
+                                                  ignore=_dense_linears(dense))
+    dtype = _scale_dtype(hf_config, weights, notes)
+    compressed_tensors.write_checkpoint(out, hf_config, dense, weights, qcfg, dtype)
+    return notes
+
+
+def _scale_dtype(hf_config: dict, weights: dict[str, QuantizedWeight], notes: list[str]) -> torch.dtype:
+    """The model dtype (what compressed-tensors loaders expect) when every scale survives it, else fp16."""
+    name = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float16"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.float16
+    if all(torch.equal(w.scale.to(dtype).float(), w.scale.float()) for w in weights.values()):
+        return dtype
+    notes.append(f"scales kept in float16: not all are exact in the model dtype {dtype}; "
+                 "a loader running in that dtype rounds them")
+    return torch.float16
+
+
+def _to_autoawq(out: Path, hf_config: dict, dense: dict, weights: dict, scheme: Scheme) -> list[str]:
+    qcfg = autoawq.quantization_config(scheme.group_size, modules_to_not_convert=_dense_linears(dense))
+    autoawq.write_checkpoint(out, hf_config, dense, weights, qcfg)
+    if scheme.symmetric:
+        return ["symmetric weights written with their zero points (8): the GEMM layout always stores them"]
+    return []
+
+
+def _to_gptq(out: Path, hf_config: dict, dense: dict, weights: dict, scheme: Scheme) -> list[str]:
+    qcfg = gptq.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, desc_act=scheme.act_order)
+    gptq.write_checkpoint(out, hf_config, dense, weights, qcfg)
+    if scheme.symmetric:
+        return ["checkpoint_format gptq (v1: stored zero = zero - 1)"]
+    return ["asymmetric weights written as checkpoint_format gptq_v2 (v1 cannot store a zero point of 0); "
+            "vLLM reads v2 with its gptq kernel, not gptq_marlin"]
+
+
+WRITERS = {"compressed-tensors": _to_compressed_tensors, "autoawq": _to_autoawq, "gptq": _to_gptq}
+
+
+def _verify_lossless(out: Path, to: str, dense: dict[str, torch.Tensor], weights: dict[str, QuantizedWeight],
+                     tied: bool) -> None:
+    """Read the written checkpoint back and demand identical dense tensors and dequantized weights."""
+    _, dense_back, weights_back = read_checkpoint(out)
+    expected_dense = {k for k in dense if not (tied and k == "lm_head.weight")}
+    if set(dense_back) != expected_dense or set(weights_back) != set(weights):
+        raise RuntimeError(f"conversion to {to} changed the set of tensors (a quantkit bug)")
+    for name, tensor in dense_back.items():
+        if not torch.equal(tensor, dense[name]):
+            raise RuntimeError(f"conversion to {to} changed dense tensor {name} (a quantkit bug)")
+    for module, weight in weights_back.items():
+        if not torch.equal(weight.dequantize(), weights[module].dequantize()):
+            raise RuntimeError(f"conversion to {to} changed the weight of {module} (a quantkit bug)")
+
+
+def _copy_side_files(src: Path, out: Path) -> None:
+    """Tokenizer files, generation config, recipe.yaml: whatever the source has besides weights and configs."""
+    for file in src.iterdir():
+        if file.is_file() and file.suffix != ".safetensors" and file.name not in NOT_COPIED \
+                and not file.name.startswith("."):
+            shutil.copy2(file, out / file.name)
+
+
+def _write_provenance(src: Path, out: Path, source_format: str, to: str) -> None:
+    """quantkit.json of the source (or a new one) with the format updated and where it was converted from."""
+    source = src / "quantkit.json"
+    provenance = read_json(source) if source.is_file() else {"kind": "quantkit-checkpoint"}
+    hop = {"path": str(src.resolve()), "format": source_format, "quantkit": __version__}
+    if "converted_from" in provenance:
+        hop["converted_from"] = provenance["converted_from"]
+    provenance.update(format=to, converted_from=hop)
+    (out / "quantkit.json").write_text(json.dumps(provenance, indent=2, ensure_ascii=False))
