@@ -45,8 +45,15 @@ def quantize_weight(weight: torch.Tensor, scale_dtype: torch.dtype = torch.float
     it) before the cast, so the stored values dequantize to exactly what was measured; input_absmax
     (static activations) becomes the per-tensor input scale."""
     w = weight.detach().float()
-    scale = scale_for(w.abs().amax(dim=1, keepdim=True)).to(scale_dtype).float()
+    scale = _stored(scale_for(w.abs().amax(dim=1, keepdim=True)), scale_dtype)
     input_scale = None
     if input_absmax is not None:
-        input_scale = scale_for(torch.tensor([float(input_absmax)])).to(scale_dtype).float()
+        input_scale = _stored(scale_for(torch.tensor([float(input_absmax)])), scale_dtype)
     return Fp8Weight(weight=to_fp8(w, scale), scale=scale, input_scale=input_scale)
+
+
+def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`scale` as `dtype` will store it; a scale that underflows to 0 there (an all-zero row) becomes the
+    dtype's smallest normal value instead, so dequantizing never computes 0 / 0."""
+    stored = scale.to(dtype)
+    return torch.where(stored == 0, torch.finfo(dtype).tiny, stored).float()

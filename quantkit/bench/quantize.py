@@ -67,16 +67,11 @@ def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq
 
 
 def _write_eval_tokens(model_path: Path, dataset: str, chunk: int, out: Path) -> Path:
-    """Held-out text as consecutive chunks of ``chunk`` tokens (the usual perplexity protocol)."""
     from safetensors.torch import save_file
 
-    from quantkit.data.readers import read_records
-    from quantkit.data.samples import tokenize
-    from quantkit.models import load_tokenizer
+    from quantkit.eval.perplexity import held_out_chunks
 
-    flat = [t for ids in tokenize(read_records(dataset), load_tokenizer(model_path)) for t in ids]
-    usable = len(flat) // chunk * chunk
-    save_file({"input_ids": torch.tensor(flat[:usable], dtype=torch.int64).view(-1, chunk)}, out)
+    save_file({"input_ids": torch.tensor(held_out_chunks(model_path, dataset, chunk), dtype=torch.int64)}, out)
     return out
 
 

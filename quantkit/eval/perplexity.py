@@ -25,3 +25,14 @@ def negative_log_likelihood(model, token_ids: list[list[int]]) -> tuple[float, i
 def perplexity(model, token_ids: list[list[int]]) -> float:
     total, count = negative_log_likelihood(model, token_ids)
     return math.exp(total / count)
+
+
+def held_out_chunks(model_path, dataset: str, chunk: int) -> list[list[int]]:
+    """Held-out text as consecutive chunks of `chunk` tokens (the usual perplexity protocol); the tail
+    that does not fill a chunk is dropped."""
+    from quantkit.data.readers import read_records
+    from quantkit.data.samples import tokenize
+    from quantkit.models import load_tokenizer
+
+    flat = [t for ids in tokenize(read_records(dataset), load_tokenizer(model_path)) for t in ids]
+    return [flat[i:i + chunk] for i in range(0, len(flat) // chunk * chunk, chunk)]

@@ -26,6 +26,9 @@ def test_unknown_key_names_the_key_and_the_file(tmp_path):
     ("name: x\nquantization: {method: rtn}\nweights: {group_size: 0}\n", "group_size must be"),
     ("name: x\nquantization: {method: rtn\n", "invalid YAML"),
     ("- just a list\n", "must be a YAML mapping"),
+    ("name: x\nquantization: {method: fp8}\nweights: {bits: 4, group_size: 64}\n", "per output channel"),
+    ("name: x\nquantization: {method: fp8, activations: per-head}\n", "'quantization.fp8.activations'"),
+    ("name: x\nquantization: {method: rtn}\nkv_cache_scheme: {num_bits: 4}\n", "'kv_cache_scheme.num_bits'"),
 ])
 def test_invalid_recipes_are_one_clear_error(tmp_path, body, fragment):
     path = tmp_path / "bad.yaml"
@@ -48,3 +51,12 @@ def test_targets_and_ignore_patterns(tmp_path):
     assert not recipe.is_quantized("model.layers.0.mlp.gate_proj")
     assert not recipe.is_quantized("model.layers.3.mlp.down_proj")
     assert not recipe.is_quantized("lm_head")
+
+
+def test_fp8_and_kv_cache_recipes_say_what_data_they_need():
+    assert not load_recipe("fp8-w8a8-dynamic").needs_calibration
+    assert load_recipe("fp8-w8a8-static").needs_calibration
+    assert not load_recipe("rtn-w4a16-g64").needs_calibration
+    kv = load_recipe("awq-w4a16-g64-kv-fp8")
+    assert kv.kv_cache_scheme is not None and kv.needs_calibration
+    assert kv.quantization == load_recipe("awq-w4a16-g64").quantization

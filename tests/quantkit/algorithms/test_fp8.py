@@ -1,0 +1,54 @@
+"""FP8 e4m3fn quantization: scales, clamping, weights whose stored scale dequantizes exactly."""
+
+import pytest
+import torch
+
+from quantkit.algorithms import fp8
+
+
+def test_scale_maps_absmax_to_448_and_round_trip_is_exact_there():
+    x = torch.tensor([[-3.0, 0.5, 1.5, 3.0]])
+    scale = fp8.scale_for(x.abs().amax())
+    assert float(scale) == pytest.approx(3.0 / 448)
+    back = fp8.round_trip(x, scale)
+    assert back[0, 0] == -3.0 and back[0, 3] == 3.0
+    # e4m3fn keeps 3 mantissa bits: relative error at most 2**-4 for normal values.
+    assert torch.all((back - x).abs() <= x.abs() * 2**-4)
+
+
+def test_values_beyond_the_scale_are_clamped_not_nan():
+    x = torch.tensor([1000.0, -1000.0, 1.0])
+    back = fp8.round_trip(x, torch.tensor(1.0))
+    assert torch.equal(back, torch.tensor([448.0, -448.0, 1.0]))
+
+
+def test_zero_rows_get_a_tiny_scale_not_a_division_by_zero():
+    w = torch.zeros(2, 8)
+    w[1] = torch.linspace(-1, 1, 8)
+    q = fp8.quantize_weight(w)
+    assert torch.isfinite(q.dequantize()).all() and torch.equal(q.dequantize()[0], torch.zeros(8))
+
+
+def test_per_token_round_trip_uses_each_rows_own_range():
+    x = torch.stack([torch.linspace(-1, 1, 16), torch.linspace(-1000, 1000, 16)])
+    back = fp8.round_trip_per_token(x)
+    rel = ((back - x).abs() / x.abs().clamp(min=1e-6))
+    assert rel.max() <= 2**-4 + 1e-6
+    assert back[0].abs().max() == 1.0 and back[1].abs().max() == 1000.0
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_weight_scales_are_stored_dtype_values_and_codes_fit(scale_dtype):
+    torch.manual_seed(0)
+    w = torch.randn(32, 64) * torch.logspace(-3, 1, 32)[:, None]
+    q = fp8.quantize_weight(w, scale_dtype)
+    assert q.weight.dtype == torch.float8_e4m3fn and q.scale.shape == (32, 1)
+    assert torch.equal(q.scale.to(scale_dtype).float(), q.scale)  # what the checkpoint stores, exactly
+    assert q.weight.float().abs().max() <= 448
+    rel = (q.dequantize() - w).abs().amax(dim=1) / w.abs().amax(dim=1)
+    assert rel.max() < 2**-4
+
+
+def test_static_input_scale_from_absmax():
+    q = fp8.quantize_weight(torch.randn(4, 8), torch.float16, input_absmax=44.8)
+    assert float(q.input_scale) == pytest.approx(0.1, rel=1e-3)
