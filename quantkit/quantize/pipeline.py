@@ -56,7 +56,8 @@ def check_group_size(model_path: Path, recipe: Recipe) -> None:
 
 
 def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | None,
-                   on_layer: LayerCallback | None = None) -> QuantizedModel:
+                   on_layer: LayerCallback | None = None, scale_dtype: torch.dtype | None = None) -> QuantizedModel:
+    """scale_dtype: what the checkpoint stores scales in (default: the model dtype)."""
     model = LayerwiseModel(model_path)
     config = model.config
     dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.float16
@@ -73,7 +74,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
-            driver = driver_type(recipe, prefix, scale_dtype=dtype)
+            driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype)
             done = driver.quantize_layer(staged, hidden, rotary)
             if recipe.kv_cache_scheme is not None:
                 _load_quantized(staged, done.quantized)

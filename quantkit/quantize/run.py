@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,12 +17,10 @@ from quantkit.data.samples import draw_samples
 from quantkit.errors import QuantkitError
 from quantkit.models import load_config, load_tokenizer, resolve_model
 from quantkit.outdir import atomic_output_dir, check_output_dir
-from quantkit.quantize.checkpoint import write_compressed_tensors
+from quantkit.quantize.checkpoint import check_format, write_checkpoint
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
 from quantkit.recipes import load_recipe
-
-FORMATS = ("compressed-tensors",)
 
 
 @dataclass
@@ -45,15 +43,15 @@ class QuantizeResult:
     out: Path
     provenance: dict
     reports: list[LinearReport]
+    warnings: list[str] = field(default_factory=list)
 
 
 def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> QuantizeResult:
     started = time.perf_counter()
-    if opts.format not in FORMATS:
-        raise QuantkitError(f"unknown --format {opts.format}", hint=f"use one of {', '.join(FORMATS)}")
     if opts.calib and opts.dataset:
         raise QuantkitError("pass either --calib or --dataset, not both")
     recipe = load_recipe(opts.recipe)
+    check_format(recipe, opts.format)
     check_output_dir(opts.out, opts.overwrite)
     model_path = resolve_model(opts.model)
     load_config(model_path)  # refuses unsupported architectures before any work
@@ -62,7 +60,9 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     if recipe.needs_calibration:
         samples, calib_info = _calibration_samples(opts, model_path)
     with atomic_output_dir(opts.out, opts.overwrite) as staging:
-        model = quantize_model(model_path, recipe, samples, on_layer)
+        # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.
+        scale_dtype = None if opts.format == "compressed-tensors" else torch.float16
+        model = quantize_model(model_path, recipe, samples, on_layer, scale_dtype=scale_dtype)
         provenance = {
             "kind": "quantkit-checkpoint", "format": opts.format,
             "model": {"ref": opts.model, "path": str(model_path)},
@@ -71,8 +71,8 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
             "wall_seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb(), 1),
             "layers": [r.__dict__ for r in model.reports],
         }
-        write_compressed_tensors(model, recipe, model_path, staging, provenance)
-    return QuantizeResult(out=opts.out, provenance=provenance, reports=model.reports)
+        warnings = write_checkpoint(model, recipe, model_path, staging, provenance, opts.format)
+    return QuantizeResult(out=opts.out, provenance=provenance, reports=model.reports, warnings=warnings)
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:
