@@ -9,8 +9,6 @@ from pathlib import Path
 
 import torch
 
-from quantkit.errors import QuantkitError
-
 
 def run_bench(checkpoint: Path, eval_dataset: str, max_seq_len: int, threads: int, console) -> dict:
     from quantkit.eval.kv_cache import fp8_kv_cache, read_kv_scales
@@ -19,15 +17,14 @@ def run_bench(checkpoint: Path, eval_dataset: str, max_seq_len: int, threads: in
 
     torch.set_num_threads(threads)
     scales = read_kv_scales(checkpoint)
-    if not scales:
-        raise QuantkitError(f"{checkpoint} has no KV-cache scales (model.layers.N.self_attn.k_scale / v_scale)",
-                            hint="quantize with a recipe that has kv_cache_scheme, e.g. awq-w4a16-g64-kv-fp8")
     model = load_model(checkpoint)
     chunks = held_out_chunks(checkpoint, eval_dataset, max_seq_len)
     baseline = perplexity(model, chunks)
-    with fp8_kv_cache(model, scales):
-        calibrated = perplexity(model, chunks)
-    with fp8_kv_cache(model, None):
+    calibrated = None
+    if scales:
+        with fp8_kv_cache(model, scales):
+            calibrated = perplexity(model, chunks)
+    with fp8_kv_cache(model, None):  # warns when the checkpoint has no scales
         unit = perplexity(model, chunks)
     result = {"checkpoint": str(checkpoint), "eval": eval_dataset, "tokens": sum(map(len, chunks)),
               "threads": threads, "perplexity": {"kv_model_dtype": baseline, "kv_fp8_calibrated": calibrated,
@@ -48,7 +45,8 @@ def _print(console, result: dict) -> None:
         table.add_column(column)
     for label, key in (("model dtype (no fp8)", "kv_model_dtype"), ("fp8, calibrated scales", "kv_fp8_calibrated"),
                        ("fp8, scale 1.0 (engine default)", "kv_fp8_scale_1")):
-        table.add_row(label, f"{ppl[key]:.3f}", f"{ppl[key] / base - 1:+.2%}")
+        if ppl[key] is not None:
+            table.add_row(label, f"{ppl[key]:.3f}", f"{ppl[key] / base - 1:+.2%}")
     console.print(table)
     layers = Table(title="per-layer scales (|K| max = k_scale x 448; keys after rotary)")
     for column in ("layer", "k_scale", "v_scale", "|K| max", "|V| max"):

@@ -9,6 +9,7 @@ a checkpoint has none). Keys are rounded after rotary embedding, which is what a
 from __future__ import annotations
 
 import re
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from quantkit.formats.common import load_safetensors
 
 ATTENTION_NAME = "quantkit_fp8_kv"
 _SCALES = "_quantkit_kv_scales"  # (k_scale, v_scale) attribute set on each attention module
+NO_SCALES = "no KV-cache scales"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
 
 
@@ -52,8 +54,14 @@ def read_kv_scales(checkpoint: Path) -> dict[int, tuple[float, float]]:
 
 @contextmanager
 def fp8_kv_cache(model, scales: dict[int, tuple[float, float]] | None = None):
-    """Run `model` with an FP8 (e4m3fn) KV cache; scales None means 1.0 for every layer."""
+    """Run `model` with an FP8 (e4m3fn) KV cache; scales None (or empty) means 1.0 for every layer, with a
+    warning, since that is what engines silently fall back to."""
     layers = model.model.layers
+    if not scales:
+        warnings.warn(f"{NO_SCALES}: every layer uses k_scale = v_scale = 1.0, so |K| or |V| above 448 is "
+                      "clipped; quantize with a kv_cache_scheme (e.g. awq-w4a16-g64-kv-fp8) to calibrate them",
+                      stacklevel=3)
+        scales = None
     if scales is not None and set(scales) != set(range(len(layers))):
         raise QuantkitError(f"KV scales cover layers {sorted(scales)}, the model has {len(layers)}")
     previous = model.config._attn_implementation
