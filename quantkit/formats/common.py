@@ -95,8 +95,8 @@ def fp16_scales(scale: torch.Tensor, where: str) -> torch.Tensor:
     if not torch.equal(half.float(), scale.float()):
         changed = half.float() != scale.float()
         raise QuantkitError(f"{where}: {int(changed.sum())} scales are not exactly representable in float16 "
-                            f"(e.g. {scale.float()[changed][0].item():.6g}; bf16 scales outside fp16's range)",
-                            hint="this format stores fp16 scales; quantize with fp16 scales or keep "
+                            f"(e.g. {scale.float()[changed][0].item():.9g})",
+                            hint="this format stores fp16 scales, so the source must hold fp16 values; keep "
                                  "compressed-tensors, which stores scales in the model dtype")
     return half
 
