@@ -163,6 +163,16 @@ def load_config(path: Path):
     return config
 
 
+def stored_dtype(path: Path):
+    """The dtype a model's weights are stored in, from config.json (float16 when it says nothing)."""
+    import torch
+
+    config = json.loads((path / "config.json").read_text())
+    name = str(config.get("dtype") or config.get("torch_dtype") or "float16").removeprefix("torch.")
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float16
+
+
 def head_dim(config) -> int:
     """Attention head width: explicit in newer configs, hidden / heads in older ones."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -18,7 +18,7 @@ from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.errors import QuantkitError
 from quantkit.algorithms import fp8
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
-from quantkit.models import describe_model, head_dim
+from quantkit.models import describe_model, head_dim, stored_dtype
 from quantkit.quantize.drivers import DRIVERS, LinearReport
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
@@ -60,7 +60,9 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     """scale_dtype: what the checkpoint stores scales in (default: the model dtype)."""
     model = LayerwiseModel(model_path)
     config = model.config
-    dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.float16
+    # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
+    # source's dtype for dense tensors and scales.
+    dtype = stored_dtype(model_path)
     driver_type = DRIVERS[recipe.quantization.method]
     if recipe.needs_calibration and not samples:
         raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
