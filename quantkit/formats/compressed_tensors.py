@@ -17,15 +17,14 @@ of quantization_config is fixed by hand and checked against the real package in 
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import float_quantized
+from quantkit.formats.common import load_safetensors, read_json, save_safetensors, write_json
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 
 QUANT_METHOD = "compressed-tensors"
@@ -218,10 +217,10 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
         state.update({f"{module}.{k}": v for k, v in tensors.items()})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, out)
     config = copy.deepcopy(hf_config)
     config["quantization_config"] = copy.deepcopy(quant_config)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(out / "config.json", config)
     return out
 
 
@@ -254,12 +253,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
     (hf config, dense tensors, quantized). KV-cache scales, if any, stay among the dense tensors."""
     root = Path(path)
     config_file = root / "config.json"
-    if not config_file.is_file():
-        raise QuantkitError(f"{config_file}: not found", hint="point at a checkpoint directory")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise QuantkitError(f"{config_file}: invalid JSON ({exc})") from exc
+    config = read_json(config_file)
     if "quantization_config" not in config:
         raise QuantkitError(f"{config_file}: no quantization_config", hint="this is not a quantized checkpoint")
     qconfig, where = config["quantization_config"], f"{config_file}: quantization_config"
@@ -268,12 +262,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
         fp8_activations = float_quantized.activation_scheme(qconfig, where)
     else:
         scheme = weight_scheme(qconfig, where=where)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise QuantkitError(f"{root}: no *.safetensors files")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
+    tensors = load_safetensors(root)
     if fp8_activations is not None:
         dense, quantized = float_quantized.split_quantized(tensors, fp8_activations, str(root))
     else:

@@ -19,7 +19,7 @@ import torch
 
 from quantkit import __version__
 from quantkit.errors import QuantkitError
-from quantkit.formats import autoawq, compressed_tensors, gptq
+from quantkit.formats import autoawq, compressed_tensors, float_quantized, gptq
 from quantkit.formats.checkpoints import detect_format, read_checkpoint
 from quantkit.formats.common import has_permuted_groups, read_json
 from quantkit.formats.quantized import QuantizedWeight
@@ -105,8 +105,10 @@ def _to_compressed_tensors(out: Path, hf_config: dict, dense: dict, weights: dic
     if scheme.act_order:
         notes.append("act-order g_idx written as actorder 'group' (weight_g_idx): vLLM reads it, "
                      "compressed-tensors >= 0.20 in transformers refuses it")
+    # KV-cache scales travel as dense tensors; compressed-tensors also declares them in the config.
+    kv_cache = float_quantized.kv_cache_scheme() if float_quantized.kv_scales(dense) else None
     qcfg = compressed_tensors.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder,
-                                                  ignore=_dense_linears(dense))
+                                                  ignore=_dense_linears(dense), kv_cache_scheme=kv_cache)
     dtype = _scale_dtype(hf_config, weights, notes)
     compressed_tensors.write_checkpoint(out, hf_config, dense, weights, qcfg, dtype)
     return notes

@@ -132,3 +132,22 @@ def test_fp8_weights_are_not_convertible(sources, tmp_path, monkeypatch):
                         lambda path: ({}, {}, {"model.layers.0.mlp.up_proj": Fp8Like()}))
     with pytest.raises(QuantkitError, match="model.layers.0.mlp.up_proj is a Fp8Like, not integer codes"):
         convert(sources["sym"], "autoawq", tmp_path / "x")
+
+
+def test_kv_cache_scales_survive_a_round_trip_through_gptq(tiny_model, tmp_path):
+    from quantkit.eval.kv_cache import read_kv_scales
+    from quantkit.quantize.run import QuantizeOptions, quantize
+    from tests.conftest import chat_rows, write_jsonl
+
+    recipe = tmp_path / "rtn-kv.yaml"
+    recipe.write_text("name: rtn-kv\nquantization: {method: rtn}\nweights: {bits: 4, group_size: 64, symmetric: true}\n"
+                      "kv_cache_scheme: {type: float, num_bits: 8, strategy: tensor}\n")
+    data = write_jsonl(tmp_path / "calib.jsonl", chat_rows(8))
+    quantize(QuantizeOptions(model=str(tiny_model), recipe=str(recipe), dataset=str(data), num_samples=4,
+                             max_seq_len=32, out=tmp_path / "gptq", format="gptq"))
+    convert(tmp_path / "gptq", "compressed-tensors", tmp_path / "ct")
+    convert(tmp_path / "ct", "gptq", tmp_path / "back")
+    assert read_kv_scales(tmp_path / "back") == read_kv_scales(tmp_path / "ct") == read_kv_scales(tmp_path / "gptq")
+    assert len(read_kv_scales(tmp_path / "ct")) == 2
+    config = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    assert config["kv_cache_scheme"] is not None
