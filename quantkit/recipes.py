@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 
 class WeightsSpec(_Strict):
-    bits: Literal[4, 8] = 4
+    bits: Literal[2, 4, 8] = 4  # what the packed formats store (2 bits: for sensitivity tests)
     group_size: int = 64
     symmetric: bool = False
 

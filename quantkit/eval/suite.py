@@ -1,0 +1,187 @@
+"""Eval suites and gates: YAML files validated by pydantic. Unknown keys are errors naming key and file.
+
+A suite says what to measure:
+
+    name: default
+    token_metrics: {datasets: [pile_style_en:eval, support_chat_en:eval], max_seq_len: 256, max_sequences: 8}
+    layer_metrics: {dataset: pile_style_en:eval, num_samples: 4, max_seq_len: 128}
+    tasks: shipped            # every task in quantkit/eval/tasks/, or a list of task names / YAML paths
+    bootstrap: {resamples: 1000, confidence: 0.95, seed: 0}
+
+A gate file says how much worse the candidate may be, one threshold per metric:
+
+    name: default
+    gates:
+      perplexity_increase_pct: {max: 10}
+      top1_agreement: {min: 0.85}
+      accuracy_drop_points: {max: 5, fail_when: interval_beyond}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from quantkit.errors import QuantkitError
+
+# Gate metric name -> what it measures. "max" metrics are worse when larger, "min" metrics when smaller.
+METRICS = {
+    "perplexity_increase_pct": ("max", "candidate perplexity over baseline, % increase, all token datasets pooled"),
+    "kl_mean": ("max", "mean per-token KL(baseline || candidate), nats"),
+    "kl_p99": ("max", "99th percentile of per-token KL(baseline || candidate), nats"),
+    "top1_agreement": ("min", "fraction of tokens where both models predict the same next token"),
+    "accuracy_drop_points": ("max", "task accuracy drop in points (baseline - candidate) x 100, per task"),
+    "attention_shift_max": ("max", "largest per-layer mean Jensen-Shannon divergence of attention rows, nats"),
+    "layer_sqnr_min_db": ("min", "smallest per-layer output SQNR, dB"),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenMetricsSpec(_Strict):
+    datasets: list[str] = Field(default_factory=lambda: ["pile_style_en:eval"], min_length=1)
+    max_seq_len: int = Field(256, ge=2)
+    max_sequences: int = Field(8, ge=1)  # per dataset
+    kl_top_k: int = Field(256, ge=1)  # baseline tokens kept exactly; the rest of its mass is one bucket
+
+
+class LayerMetricsSpec(_Strict):
+    dataset: str = "pile_style_en:eval"
+    num_samples: int = Field(4, ge=1)
+    max_seq_len: int = Field(128, ge=2)
+
+
+class BootstrapSpec(_Strict):
+    resamples: int = Field(1000, ge=10)
+    confidence: float = Field(0.95, gt=0, lt=1)
+    seed: int = 0
+
+
+class Suite(_Strict):
+    name: str
+    description: str = ""
+    token_metrics: TokenMetricsSpec | None = TokenMetricsSpec()
+    layer_metrics: LayerMetricsSpec | None = LayerMetricsSpec()
+    tasks: Union[Literal["shipped"], list[str]] = "shipped"
+    bootstrap: BootstrapSpec = BootstrapSpec()
+
+
+class Threshold(_Strict):
+    """One bound. ``fail_when`` says how the confidence interval is compared with it:
+    interval_crosses: fail when any part of the interval is past the bound (the candidate must show it is
+    within); interval_beyond: fail only when the whole interval is past it (a regression is established)."""
+    max: float | None = None
+    min: float | None = None
+    fail_when: Literal["interval_crosses", "interval_beyond"] = "interval_crosses"
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Threshold:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("give exactly one of max or min")
+        return self
+
+
+class Gates(_Strict):
+    name: str
+    description: str = ""
+    gates: dict[str, Threshold] = Field(min_length=1)
+
+    @field_validator("gates")
+    @classmethod
+    def _known_metrics(cls, gates: dict[str, Threshold]) -> dict[str, Threshold]:
+        for metric, threshold in gates.items():
+            if metric not in METRICS:
+                raise ValueError(f"unknown metric '{metric}' (known: {', '.join(METRICS)})")
+            sense = METRICS[metric][0]
+            if getattr(threshold, sense) is None:
+                raise ValueError(f"metric '{metric}' takes a {sense} bound ({METRICS[metric][1]})")
+        return gates
+
+
+def shipped_tasks_dir() -> Path:
+    return Path(__file__).parent / "tasks"  # the data package quantkit.eval.tasks
+
+
+def shipped_task_names() -> list[str]:
+    directory = shipped_tasks_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+
+
+def task_files(suite: Suite, suite_path: Path) -> list[Path]:
+    """The task YAML files a suite names, each checked to exist with its data file."""
+    if suite.tasks == "shipped":
+        return [shipped_tasks_dir() / f"{name}.yaml" for name in shipped_task_names()]
+    files = []
+    for i, ref in enumerate(suite.tasks):
+        path = shipped_tasks_dir() / f"{ref}.yaml" if ref in shipped_task_names() else _relative(ref, suite_path)
+        if not path.is_file():
+            raise QuantkitError(f"{suite_path}: 'tasks.{i}': task '{ref}' not found (no such YAML file)",
+                                hint=f"shipped tasks: {', '.join(shipped_task_names()) or 'none'}")
+        files.append(path)
+    return files
+
+
+def _relative(ref: str, suite_path: Path) -> Path:
+    path = Path(ref).expanduser()
+    return path if path.is_absolute() else suite_path.parent / path
+
+
+def _shipped_yaml(prefix: str, ref: str) -> Path:
+    from quantkit.recipes import shipped_recipes_dir
+
+    shipped = shipped_recipes_dir() / f"{prefix}-{ref}.yaml"
+    return shipped if shipped.is_file() else Path(ref).expanduser()
+
+
+def load_suite(ref: str) -> tuple[Suite, Path]:
+    """A shipped suite name (``default`` for recipes/suite-default.yaml) or a YAML path."""
+    path = _shipped_yaml("suite", ref)
+    return _load(path, Suite, f"suite '{ref}'"), path
+
+
+def load_gates(ref: str) -> tuple[Gates, Path]:
+    """A shipped gate name (``default`` for recipes/gate-default.yaml) or a YAML path."""
+    path = _shipped_yaml("gate", ref)
+    return _load(path, Gates, f"gate file '{ref}'"), path
+
+
+def _load(path: Path, schema: type[BaseModel], what: str):
+    if not path.is_file():
+        raise QuantkitError(f"{what} not found", hint="pass a shipped name (default) or a YAML path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise QuantkitError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from exc
+    if not isinstance(data, dict):
+        raise QuantkitError(f"{path}: expected a YAML mapping")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        message = message.removeprefix("Value error, ")
+        raise QuantkitError(f"{path}: '{key}': {message}" if key else f"{path}: {message}") from exc
+
+
+def suite_hash(suite: Suite, files: list[Path], limit: int | None) -> str:
+    """What the baseline's numbers depend on besides the model: the suite, its datasets and task files."""
+    from quantkit.data.readers import dataset_hash
+
+    digest = hashlib.sha256(json.dumps([suite.model_dump(mode="json"), limit], sort_keys=True).encode())
+    datasets = list(suite.token_metrics.datasets if suite.token_metrics else [])
+    datasets += [suite.layer_metrics.dataset] if suite.layer_metrics else []
+    for ref in datasets:
+        digest.update(dataset_hash(ref).encode())
+    for file in files:
+        digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()[:16]
