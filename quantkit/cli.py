@@ -183,9 +183,53 @@ def _percent(value) -> str:
 
 
 @app.command(name="eval", epilog="Example: quantkit eval --baseline smollm2-135m --candidate ckpt/ --report report/")
-def eval_() -> None:
-    """Task-level accuracy regression of a candidate against its FP16 baseline, with CI gates."""
-    _not_built("eval", "eval")
+def eval_(
+    baseline: str = typer.Option(..., help="Reference model: a name, HF model directory or .gguf file."),
+    candidate: str = typer.Option(..., help="Model to check: a quantized checkpoint or HF model directory."),
+    report: Path = typer.Option(..., help="Report directory: report.json, report.md, plots, junit.xml."),
+    suite: str = typer.Option("default", help="Shipped suite name or a suite YAML path."),
+    gate: str = typer.Option("default", help="Shipped gate name or a gate YAML path."),
+    device: str = typer.Option("cpu", help="torch device for both models."),
+    batch_size: int = typer.Option(1, help="lm-eval batch size."),
+    limit: Optional[int] = typer.Option(None, help="At most N sequences per dataset, samples and task items."),
+    cache: bool = typer.Option(True, help="Reuse the baseline's cached results for this model and suite."),
+    overwrite: bool = typer.Option(False, help="Replace --report if it exists."),
+) -> None:
+    """Measure a candidate against its baseline (tokens, layers, tasks); exit 1 when any gate fails."""
+    from quantkit.eval.report import table_rows
+    from quantkit.eval.run import EvalOptions, run_eval
+
+    opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite, gates=gate,
+                       device=device, batch_size=batch_size, limit=limit, use_cache=cache, overwrite=overwrite)
+    with _phase_progress() as on_phase:
+        result = run_eval(opts, on_phase)
+    table = Table(title=f"{candidate} vs {baseline} (sample sizes in {report / 'report.md'})")
+    for column in ("metric", "scope", "baseline", "candidate", "delta", "CI", "gate", "result"):
+        table.add_column(column, no_wrap=column != "metric")
+    for row in table_rows(result, per_dataset=("perplexity_increase_pct",)):
+        table.add_row(*row[:6], *row[7:], style="red" if row[-1] == "FAIL" else None)
+    console.print(table)
+    failed = [g for g in result.gates if not g.passed]
+    console.print(f"{result.header['sample_sizes']}; baseline {'cached' if result.header['baseline_cached'] else 'measured'}; "
+                  f"{result.header['wall_seconds']:.0f} s. Report in {report}", highlight=False, soft_wrap=True)
+    if failed:
+        console.print(f"[bold red]FAIL[/]: {', '.join(f'{g.metric}[{g.scope}]' for g in failed)}")
+        raise typer.Exit(1)
+    console.print("[bold green]PASS[/]: every gate")
+
+
+@contextmanager
+def _phase_progress():
+    """A rich progress bar per phase; yields on_phase(description, total) -> step()."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        def on_phase(description: str, total: int):
+            task = progress.add_task(description, total=total)
+            return lambda: progress.advance(task)
+
+        yield on_phase
 
 
 @app.command(epilog="Example: quantkit serve ckpt/ --port 8000")

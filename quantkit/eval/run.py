@@ -149,7 +149,7 @@ def _measure_baseline(plan: _Plan, path: Path, tokenizer, opts: EvalOptions, on_
                                                  on_phase("baseline layers", len(plan.layer_samples)))
     if plan.tasks.specs:
         step = on_phase(f"baseline tasks ({len(plan.tasks.specs)})", 1)
-        out.tasks = plan.tasks.run(model, tokenizer, opts.limit, opts.batch_size)
+        out.tasks = plan.tasks.run(model, tokenizer, _task_limit(plan.suite, opts.limit), opts.batch_size)
         step()
     return out
 
@@ -174,11 +174,16 @@ def _compare(plan: _Plan, baseline: BaselineResults, path: Path, tokenizer, opts
         layers = {"sqnr_db": comparison.sqnr_db().tolist(), "attention_js": comparison.attention_shift().tolist()}
     if plan.tasks.specs:
         step = on_phase(f"candidate tasks ({len(plan.tasks.specs)})", 1)
-        scores = plan.tasks.run(model, tokenizer, opts.limit, opts.batch_size)
+        scores = plan.tasks.run(model, tokenizer, _task_limit(plan.suite, opts.limit), opts.batch_size)
         step()
         measurements += lm_tasks.measurements(baseline.tasks, scores, bootstrap)
     kl = np.concatenate([p.kl for p in parts]) if parts else np.zeros(0)
     return EvalResult({}, measurements, [], layers, kl)
+
+
+def _task_limit(suite: Suite, limit: int | None) -> int | None:
+    caps = [n for n in (suite.max_items_per_task, limit) if n]
+    return min(caps) if caps else None
 
 
 def _sample_sizes(plan: _Plan, baseline: BaselineResults) -> str:

@@ -70,6 +70,7 @@ class Suite(_Strict):
     token_metrics: TokenMetricsSpec | None = TokenMetricsSpec()
     layer_metrics: LayerMetricsSpec | None = LayerMetricsSpec()
     tasks: Union[Literal["shipped"], list[str]] = "shipped"
+    max_items_per_task: int | None = Field(None, ge=1)  # the first N items of each task
     bootstrap: BootstrapSpec = BootstrapSpec()
 
 
