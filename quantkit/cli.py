@@ -208,7 +208,7 @@ def eval_(
         table.add_column(column, no_wrap=column != "metric")
     for row in table_rows(result, per_dataset=("perplexity_increase_pct",)):
         table.add_row(*row[:6], *row[7:], style="red" if row[-1] == "FAIL" else None)
-    console.print(table)
+    console.print(table, width=max(console.width, 150))  # CI logs are 80 wide: keep every column readable
     failed = [g for g in result.gates if not g.passed]
     console.print(f"{result.header['sample_sizes']}; baseline {'cached' if result.header['baseline_cached'] else 'measured'}; "
                   f"{result.header['wall_seconds']:.0f} s. Report in {report}", highlight=False, soft_wrap=True)

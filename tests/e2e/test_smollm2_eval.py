@@ -1,0 +1,58 @@
+"""`quantkit eval` on the real model: the default gate passes good 4-bit checkpoints and fails RTN 2-bit."""
+
+import json
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+RTN2 = """name: rtn-w2a16-g64
+quantization: {method: rtn}
+weights: {bits: 2, group_size: 64, symmetric: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def checkpoints(smollm2, tmp_path_factory):
+    """AWQ and GPTQ group 64 on 8 packed samples of 128 tokens, and RTN 2-bit (no data), quantized once."""
+    from quantkit.quantize.run import QuantizeOptions, quantize
+
+    root = tmp_path_factory.mktemp("ckpts")
+    (root / "rtn2.yaml").write_text(RTN2)
+    out = {}
+    for name, recipe, data in [("awq", "awq-w4a16-g64", True), ("gptq", "gptq-w4a16-g64", True),
+                               ("rtn2", str(root / "rtn2.yaml"), False)]:
+        quantize(QuantizeOptions(model="smollm2-135m", recipe=recipe, out=root / name,
+                                 dataset="pile_style_en" if data else None, num_samples=8, max_seq_len=128,
+                                 pack=data))
+        out[name] = root / name
+    return out
+
+
+def _eval(run_cli, candidate, report):
+    code, out, err = run_cli("eval", "--baseline", "smollm2-135m", "--candidate", candidate, "--report", report,
+                             "--limit", 4)
+    return code, json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else None, err
+
+
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_default_gate_passes_good_4bit(checkpoints, name, tmp_path, run_cli):
+    code, report, err = _eval(run_cli, checkpoints[name], tmp_path / "r")
+    assert code == 0, err
+    assert report["passed"] and all(g["passed"] for g in report["gates"])
+
+
+def test_default_gate_fails_rtn_2bit(checkpoints, tmp_path, run_cli):
+    code, report, err = _eval(run_cli, checkpoints["rtn2"], tmp_path / "r")
+    assert code == 1, err
+    failed = {g["metric"] for g in report["gates"] if not g["passed"]}
+    assert {"perplexity_increase_pct", "kl_mean", "top1_agreement"} <= failed
+
+
+def test_candidate_with_another_tokenizer_is_refused(smollm2, tmp_path, run_cli):
+    from tests.conftest import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    code, out, err = run_cli("eval", "--baseline", "smollm2-135m", "--candidate", tiny, "--report", tmp_path / "r")
+    assert code == 2 and "different tokenizer" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "r").exists()
