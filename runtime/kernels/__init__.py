@@ -1,0 +1,1 @@
+"""Kernels behind the runtime layers. reference.py is the torch path every device can run."""

@@ -1,0 +1,39 @@
+"""Torch reference kernels for the paged KV cache: write K/V by slot, read them back by slot, attend.
+
+The cache of one layer is [num_slots, num_kv_heads, head_dim] with slot = block_id * block_size + offset.
+An FP8 cache is held as uint8 bytes of float8_e4m3fn values (index writes on float8 tensors are not
+supported everywhere) and reads back as fp8 * scale, the compressed-tensors / vLLM convention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+
+
+def write_kv(cache: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, scale: float | None) -> None:
+    """cache[slots] = x, stored as fp8(x / scale) when the cache is a uint8 (fp8) cache."""
+    if cache.dtype == torch.uint8:
+        x = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(torch.uint8)
+    cache[slots] = x
+
+
+def read_kv(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
+    """cache[slots] in `dtype` (slots of any shape), dequantizing an fp8 cache."""
+    x = cache[slots]
+    if cache.dtype == torch.uint8:
+        return (x.view(FP8_DTYPE).float() * scale).to(dtype)
+    return x
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Batched attention with grouped KV heads folded into the query axis.
+
+    q: [B, kv_heads, group * Q, D] (query heads of one KV head, then query positions),
+    k, v: [B, kv_heads, L, D], mask: [B, 1, group * Q, L] bool (True attends). Returns q's shape.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -1,0 +1,1 @@
+"""Model building blocks on runtime terms: norm, rotary, paged attention, MLP, sampler."""

@@ -1,0 +1,188 @@
+"""ModelRunner: the only place where batch tensors are built. Loads the model, owns the paged KV cache,
+turns a scheduled batch into a ForwardContext, runs the forward and samples."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.models import stored_dtype
+from quantkit.runtime.block_manager import NULL_BLOCK
+from quantkit.runtime.config import EngineConfig
+from quantkit.runtime.context import ForwardContext
+from quantkit.runtime.layers.sampler import sample
+from quantkit.runtime.models.loader import load_model
+from quantkit.runtime.sequence import Sequence
+
+log = logging.getLogger("quantkit.runtime")
+CPU_DEFAULT_KV_GB = 4.0  # the CPU budget when none is given: RAM is shared with everything else
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    dtype: str
+    bytes_per_token: int
+    num_blocks: int  # usable blocks (the null block excluded)
+    block_size: int
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.num_tokens / self.max_model_len
+
+    def describe(self, num_layers: int, num_kv_heads: int, head_dim: int, elem_bytes: int) -> str:
+        return (f"KV cache {self.dtype}: {self.bytes_per_token:,} bytes/token (2 x {num_layers} layers x "
+                f"{num_kv_heads} KV heads x {head_dim} x {elem_bytes} B), {self.num_blocks:,} blocks x "
+                f"{self.block_size} = {self.num_tokens:,} tokens "
+                f"({self.num_blocks * self.block_size * self.bytes_per_token / GIB:.2f} GiB); "
+                f"max concurrency at max_model_len {self.max_model_len}: {self.max_concurrency:.2f}x")
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, path: Path):
+        self.config = config
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device, path)
+        self.model, kv_scales = load_model(path, self.dtype, self.device)
+        cfg = self.model.config
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise QuantkitError(f"max_model_len {self.max_model_len} exceeds the model's "
+                                f"max_position_embeddings {cfg.max_position_embeddings}")
+        self.block_size = config.block_size
+        fp8 = config.kv_cache_dtype == "fp8"
+        elem_bytes = 1 if fp8 else self.dtype.itemsize
+        bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem_bytes
+        num_blocks = self._num_blocks(bytes_per_token)
+        self.capacity = KVCapacity("fp8_e4m3" if fp8 else str(self.dtype).removeprefix("torch."),
+                                   bytes_per_token, num_blocks - 1, self.block_size, self.max_model_len)
+        self.num_blocks = num_blocks
+        self._allocate_cache(num_blocks, fp8, kv_scales)
+        log.info(self.capacity.describe(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem_bytes))
+
+    def _num_blocks(self, bytes_per_token: int) -> int:
+        cfg = self.config
+        per_seq = -(-self.max_model_len // self.block_size)
+        if cfg.num_kv_blocks is not None:
+            blocks = cfg.num_kv_blocks
+        else:
+            budget = cfg.kv_cache_memory_gb * GIB if cfg.kv_cache_memory_gb else self._default_budget()
+            # More than every sequence at full length can never be used.
+            blocks = min(int(budget // (bytes_per_token * self.block_size)), cfg.max_num_seqs * per_seq + 1)
+        if blocks - 1 < per_seq:
+            raise QuantkitError(
+                f"the KV cache holds {(blocks - 1) * self.block_size} tokens ({blocks - 1} blocks), fewer than "
+                f"one sequence of max_model_len {self.max_model_len}",
+                hint="lower max_model_len or raise kv_cache_memory_gb / memory_utilization")
+        return blocks
+
+    def _default_budget(self) -> float:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return free * self.config.memory_utilization
+        return min(CPU_DEFAULT_KV_GB * GIB, _available_ram() * self.config.memory_utilization)
+
+    def _allocate_cache(self, num_blocks: int, fp8: bool, kv_scales: dict[int, tuple[float, float]]) -> None:
+        cfg = self.model.config
+        layers = self.model.attention_layers()
+        if fp8 and len(kv_scales) != len(layers):
+            warnings.warn("kv_cache_dtype='fp8' but the checkpoint has no KV-cache scales for every layer: "
+                          "using k_scale = v_scale = 1.0 (|K| or |V| above 448 clips)", stacklevel=3)
+            kv_scales = {}
+        shape = (2, len(layers), num_blocks * self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=torch.uint8 if fp8 else self.dtype, device=self.device)
+        for i, attn in enumerate(layers):
+            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+            if fp8:
+                attn.k_scale, attn.v_scale = kv_scales.get(i, (1.0, 1.0))
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardContext, list[int]]:
+        """Flattened input ids, the forward context, and the row of each sequence's last token."""
+        bs, group = self.block_size, self.model.config.num_heads // self.model.config.num_kv_heads
+        max_q = max(n for _, n in scheduled)
+        max_ctx = max(seq.num_computed_tokens + n for seq, n in scheduled)
+        ids, positions, query_index, last_rows = [], [], [], []
+        key_slots = torch.full((len(scheduled), max_ctx), NULL_BLOCK * bs, dtype=torch.long)
+        query_pos = torch.zeros(len(scheduled), max_q, dtype=torch.long)
+        for b, (seq, n) in enumerate(scheduled):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_index.extend(range(b * max_q, b * max_q + n))
+            last_rows.append(len(ids) - 1)
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            pos = torch.arange(end)
+            key_slots[b, :end] = table[pos // bs] * bs + pos % bs
+            query_pos[b, :n] = torch.arange(start, end)
+        positions_t = torch.tensor(positions, dtype=torch.long)
+        rows = torch.tensor(query_index, dtype=torch.long)
+        slot_mapping = key_slots.view(-1)[rows // max_q * max_ctx + positions_t]
+        mask = torch.arange(max_ctx)[None, None, :] <= query_pos[:, :, None]  # padded queries see key 0 only
+        mask = mask.repeat(1, group, 1).unsqueeze(1)
+        dev = self.device
+        ctx = ForwardContext(positions=positions_t.to(dev), slot_mapping=slot_mapping.to(dev),
+                             query_index=rows.to(dev), key_slots=key_slots.to(dev), attn_mask=mask.to(dev),
+                             batch_size=len(scheduled), max_query_len=max_q)
+        return torch.tensor(ids, dtype=torch.long, device=dev), ctx, last_rows
+
+    @torch.inference_mode()
+    def logits(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Float32 logits at the last scheduled token of every sequence, [B, vocab]."""
+        input_ids, ctx, last_rows = self.prepare(scheduled)
+        hidden = self.model(input_ids, ctx)
+        return self.model.compute_logits(hidden[last_rows]).float()
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> list[int | None]:
+        """One forward over the batch; a token for each sequence whose tokens are now all computed."""
+        logits = self.logits(scheduled)
+        done = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
+        out: list[int | None] = [None] * len(scheduled)
+        if done:
+            seqs = [scheduled[i][0] for i in done]
+            tokens = sample(logits[done], [s.params for s in seqs], [self._generator(s) for s in seqs])
+            for i, token in zip(done, tokens):
+                out[i] = token
+        return out
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None or seq.params.greedy:
+            return None
+        if seq.generator is None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        return seq.generator
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise QuantkitError("device='cuda' but no CUDA device is available", hint="use device='cpu' or 'auto'")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device, path: Path) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    # CPU matmuls in fp16 are slow and lossy; the stored dtype is right on a GPU.
+    return stored_dtype(path) if device.type == "cuda" else torch.float32
+
+
+def _available_ram() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
