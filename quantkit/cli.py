@@ -325,5 +325,37 @@ def bench_quantize(
               list(recipe or DEFAULT_RECIPES), peers, console, keep)
 
 
+@bench_app.command("vllm", epilog="Example: quantkit bench vllm --checkpoint ckpt/ --prompts 20 --out vllm.json")
+def bench_vllm(
+    checkpoint: list[Path] = typer.Option(..., help="Checkpoint directory (repeatable); one row each."),
+    prompts: int = typer.Option(20, help="Prompts drawn from the shipped eval sets."),
+    new_tokens: int = typer.Option(16, help="Greedy tokens compared per prompt."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
+) -> None:
+    """vLLM's CPU build (in its own venv) loads each checkpoint unchanged; its greedy tokens vs quantkit's."""
+    from quantkit.bench.vllm_agreement import run_bench
+
+    rows = run_bench(checkpoint, prompts, new_tokens, threads, console, out)
+    if not all(row["passed"] for row in rows):
+        raise typer.Exit(1)
+
+
+@bench_app.command("read-peer", epilog="Example: quantkit bench read-peer --num-samples 8 --threads 1")
+def bench_read_peer(
+    model: str = typer.Option("smollm2-135m"),
+    dataset: str = typer.Option("support_chat_en", help="Calibration set for llm-compressor's GPTQ."),
+    num_samples: int = typer.Option(8),
+    max_seq_len: int = typer.Option(512),
+    prompts: int = typer.Option(5, help="Prompts drawn from the shipped eval sets for the logits."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    keep: Optional[Path] = typer.Option(None, help="Keep the checkpoint, tokens and logits in this directory."),
+) -> None:
+    """An llm-compressor checkpoint read by quantkit: logits vs transformers + compressed-tensors on it."""
+    from quantkit.bench.read_peer import run_bench
+
+    run_bench(model, dataset, num_samples, max_seq_len, prompts, threads, console, keep)
+
+
 if __name__ == "__main__":
     main()

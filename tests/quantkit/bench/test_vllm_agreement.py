@@ -1,0 +1,78 @@
+import json
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from quantkit.bench import vllm_agreement
+from quantkit.bench.vllm_agreement import agreement, greedy, has_kv_scales, matching_prefix, run_vllm, scheme
+
+
+def test_matching_prefix_and_agreement_counting():
+    assert matching_prefix([1, 2, 3], [1, 2, 3]) == 3
+    assert matching_prefix([1, 2, 3], [1, 9, 3]) == 1
+    assert matching_prefix([1, 2, 3], [1, 2]) == 2  # a short answer never counts as full agreement
+    ours = [[1, 2, 3, 4]] * 9 + [[1, 2, 3, 4]]
+    theirs = [[1, 2, 3, 4]] * 9 + [[1, 2, 0, 4]]
+    result = agreement(ours, theirs, new_tokens=4)
+    assert result["agree"] == 9 and result["prompts"] == 10 and result["passed"]
+    assert result["mean_prefix"] == pytest.approx((9 * 4 + 2) / 10)
+    assert not agreement(ours, [[0]] * 2 + theirs[2:], new_tokens=4)["passed"]  # 7/10 < 90%
+    with pytest.raises(ValueError):
+        agreement(ours, theirs[:-1], new_tokens=4)
+
+
+def _checkpoint(path, tensors, quantization_config=None):
+    path.mkdir()
+    config = {"dtype": "float16"} | ({"quantization_config": quantization_config} if quantization_config else {})
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, path / "model.safetensors")
+    return path
+
+
+def test_kv_scales_found_by_tensor_name_or_config(tmp_path):
+    weight = {"model.layers.0.self_attn.k_proj.weight": torch.zeros(2, 2)}
+    plain = _checkpoint(tmp_path / "plain", weight)
+    scaled = _checkpoint(tmp_path / "scaled", weight | {"model.layers.0.self_attn.k_scale": torch.ones(()),
+                                                        "model.layers.0.self_attn.v_scale": torch.ones(())})
+    scheme_only = _checkpoint(tmp_path / "scheme", weight, {"quant_method": "compressed-tensors",
+                                                            "format": "float-quantized",
+                                                            "kv_cache_scheme": {"num_bits": 8, "type": "float"}})
+    assert not has_kv_scales(plain) and has_kv_scales(scaled) and has_kv_scales(scheme_only)
+    assert scheme(plain) == "dense float16"
+    assert scheme(scheme_only) == "compressed-tensors float-quantized"
+    (plain / "quantkit.json").write_text(json.dumps({"recipe": "rtn-w4a16-g64"}))
+    assert scheme(plain) == "rtn-w4a16-g64"
+
+
+FAKE_WORKER = """
+import json, os, sys
+print("INFO vllm loading", flush=True)
+print(json.dumps({"token_ids": [[1, 2]], "load_s": 1.0, "generate_s": 0.1, "tokens_per_s": 20.0,
+                  "scale_log": [sys.argv[4]]}), flush=True)
+os.abort() if sys.argv[4] == "fp8" else sys.exit(3)
+"""
+
+
+def test_run_vllm_trusts_a_complete_line_over_an_abort_at_exit(tmp_path, monkeypatch):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FAKE_WORKER)
+    monkeypatch.setattr(vllm_agreement, "WORKER", worker)
+    result = run_vllm(sys.executable, tmp_path, tmp_path / "prompts.json", 2, "fp8", 1)
+    assert result["token_ids"] == [[1, 2]] and result["exit_code"] == -6 and result["scale_log"] == ["fp8"]
+    worker.write_text("import sys; print('boom', file=sys.stderr); sys.exit(1)")
+    with pytest.raises(RuntimeError, match="boom"):
+        run_vllm(sys.executable, tmp_path, tmp_path / "prompts.json", 2, "auto", 1)
+
+
+def test_greedy_matches_argmax_without_cache_and_never_stops_early(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    prompt = [5, 17, 42, 8]
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(6):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert greedy(model, prompt, 6) == ids[len(prompt):]
