@@ -44,7 +44,7 @@ class KVCapacity:
         return (f"KV cache {self.dtype}: {self.bytes_per_token:,} bytes/token (2 x {num_layers} layers x "
                 f"{num_kv_heads} KV heads x {head_dim} x {elem_bytes} B), {self.num_blocks:,} blocks x "
                 f"{self.block_size} = {self.num_tokens:,} tokens "
-                f"({self.num_blocks * self.block_size * self.bytes_per_token / GIB:.2f} GiB); "
+                f"({self.num_tokens * self.bytes_per_token / (1 << 20):,.1f} MiB); "
                 f"max concurrency at max_model_len {self.max_model_len}: {self.max_concurrency:.2f}x")
 
 

@@ -1,0 +1,66 @@
+"""Loading checkpoints into the runtime model: quantized weights, FP8 KV cache and its scales."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantkit.models import load_model
+from quantkit.quantize.run import QuantizeOptions, quantize
+from tests.runtime.conftest import TEXTS, first_token_logits
+
+
+@pytest.fixture(scope="module")
+def int4_checkpoint(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "ckpt"
+    quantize(QuantizeOptions(model=str(tiny_model), recipe="rtn-w4a16-g64", out=out))
+    return out
+
+
+def test_int4_checkpoint_logits_match_its_dequantized_transformers_model(make_llm, int4_checkpoint):
+    llm = make_llm(int4_checkpoint)
+    prompts = [llm.tokenizer.encode(t) for t in TEXTS[:4]]
+    hf = load_model(int4_checkpoint)
+    for ids, logits in zip(prompts, first_token_logits(llm, prompts)):
+        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0, -1], rtol=1e-4, atol=1e-4)
+    dense = make_llm()  # and the quantization did change the model
+    assert not torch.allclose(first_token_logits(dense, prompts[:1])[0], first_token_logits(llm, prompts[:1])[0])
+
+
+def with_kv_scales(src, dst, k_scale, v_scale):
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    tensors = load_file(weights)
+    layers = json.loads((dst / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor([k_scale])
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor([v_scale])
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return dst
+
+
+def test_fp8_kv_cache_without_scales_warns_and_stays_close(make_llm):
+    with pytest.warns(UserWarning, match="no KV-cache scales"):
+        fp8 = make_llm(kv_cache_dtype="fp8")
+    assert fp8.engine.runner.kv_cache.dtype == torch.uint8 and fp8.engine.capacity.bytes_per_token == 128
+    assert all(a.k_scale == a.v_scale == 1.0 for a in fp8.engine.runner.model.attention_layers())
+    ids = [fp8.tokenizer.encode(TEXTS[4])]
+    got, want = first_token_logits(fp8, ids)[0], first_token_logits(make_llm(), ids)[0]
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.99
+    assert not torch.equal(got, want)
+
+
+def test_fp8_kv_cache_reads_the_checkpoint_scales(make_llm, tiny_model, tmp_path):
+    ckpt = with_kv_scales(tiny_model, tmp_path / "scaled", k_scale=0.01, v_scale=0.02)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        llm = make_llm(ckpt, kv_cache_dtype="fp8")
+    layers = llm.engine.runner.model.attention_layers()
+    assert [(a.k_scale, a.v_scale) for a in layers] == [(pytest.approx(0.01), pytest.approx(0.02))] * len(layers)
+    out = llm.generate(TEXTS[0])[0]
+    assert out.finished and out.token_ids
+    # an fp16/fp32 cache ignores the scales (they only matter to an fp8 cache)
+    assert make_llm(ckpt).engine.runner.model.attention_layers()[0].k_scale is None
