@@ -56,7 +56,7 @@ def install_w4a16_fallback(replaced: list[str]) -> None:
     process, apply = CPUWNA16LinearKernel._process_gptq_weights_w4a16, CPUWNA16LinearKernel.apply_weights
 
     def dequantize(self, layer: torch.nn.Module) -> None:
-        if hasattr(torch.ops._C, "cpu_gemm_wna16") or self.config.has_g_idx:
+        if hasattr(torch.ops._C, "cpu_gemm_wna16"):
             return process(self, layer)
         # Here vLLM has laid the weights out GPTQ-style: packed [in/8, out], scales and zero points [groups, out].
         packed, scales, packed_zero = self._get_weight_params(layer)
