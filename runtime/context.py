@@ -12,7 +12,8 @@ class ForwardContext:
     positions: torch.Tensor  # [T] position of each scheduled token
     slot_mapping: torch.Tensor  # [T] cache slot each token's K/V is written to
     query_index: torch.Tensor  # [T] flat index of each token in the padded [B * max_query_len] layout
-    key_slots: torch.Tensor  # [B, max_context_len] slots to read; padding points into the null block
-    attn_mask: torch.Tensor  # [B, 1, group * max_query_len, max_context_len] bool, True attends
+    block_tables: torch.Tensor  # [B, max_blocks] block ids, padded with the null block
+    attn_mask: torch.Tensor  # [B, 1, group * max_query_len, max_blocks * block_size] bool, True attends
     batch_size: int
     max_query_len: int
+    block_size: int

@@ -110,29 +110,27 @@ class ModelRunner:
         """Flattened input ids, the forward context, and the row of each sequence's last token."""
         bs, group = self.block_size, self.model.config.num_heads // self.model.config.num_kv_heads
         max_q = max(n for _, n in scheduled)
-        max_ctx = max(seq.num_computed_tokens + n for seq, n in scheduled)
-        ids, positions, query_index, last_rows = [], [], [], []
-        key_slots = torch.full((len(scheduled), max_ctx), NULL_BLOCK * bs, dtype=torch.long)
+        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
+        ids, positions, query_index, slots, last_rows = [], [], [], [], []
+        tables = torch.full((len(scheduled), max_blocks), NULL_BLOCK, dtype=torch.long)
         query_pos = torch.zeros(len(scheduled), max_q, dtype=torch.long)
         for b, (seq, n) in enumerate(scheduled):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             query_index.extend(range(b * max_q, b * max_q + n))
+            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
             last_rows.append(len(ids) - 1)
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            pos = torch.arange(end)
-            key_slots[b, :end] = table[pos // bs] * bs + pos % bs
+            tables[b, :len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
             query_pos[b, :n] = torch.arange(start, end)
-        positions_t = torch.tensor(positions, dtype=torch.long)
-        rows = torch.tensor(query_index, dtype=torch.long)
-        slot_mapping = key_slots.view(-1)[rows // max_q * max_ctx + positions_t]
-        mask = torch.arange(max_ctx)[None, None, :] <= query_pos[:, :, None]  # padded queries see key 0 only
+        # Keys past a query's position (its future, other sequences' padding) are masked; padded queries
+        # see key 0 only, so no row is empty.
+        mask = torch.arange(max_blocks * bs)[None, None, :] <= query_pos[:, :, None]
         mask = mask.repeat(1, group, 1).unsqueeze(1)
         dev = self.device
-        ctx = ForwardContext(positions=positions_t.to(dev), slot_mapping=slot_mapping.to(dev),
-                             query_index=rows.to(dev), key_slots=key_slots.to(dev), attn_mask=mask.to(dev),
-                             batch_size=len(scheduled), max_query_len=max_q)
+        ctx = ForwardContext(positions=torch.tensor(positions, device=dev), slot_mapping=torch.tensor(slots, device=dev),
+                             query_index=torch.tensor(query_index, device=dev), block_tables=tables.to(dev),
+                             attn_mask=mask.to(dev), batch_size=len(scheduled), max_query_len=max_q, block_size=bs)
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx, last_rows
 
     @torch.inference_mode()

@@ -1,6 +1,7 @@
 """Torch reference kernels for the paged KV cache: write K/V by slot, read them back by slot, attend.
 
-The cache of one layer is [num_slots, num_kv_heads, head_dim] with slot = block_id * block_size + offset.
+The cache of one layer is [num_slots, num_kv_heads, head_dim] with slot = block_id * block_size + offset;
+reads gather whole blocks through the block tables.
 An FP8 cache is held as uint8 bytes of float8_e4m3fn values (index writes on float8 tensors are not
 supported everywhere) and reads back as fp8 * scale, the compressed-tensors / vLLM convention.
 """
@@ -21,9 +22,13 @@ def write_kv(cache: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, scale: f
     cache[slots] = x
 
 
-def read_kv(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
-    """cache[slots] in `dtype` (slots of any shape), dequantizing an fp8 cache."""
-    x = cache[slots]
+def read_kv(cache: torch.Tensor, block_tables: torch.Tensor, block_size: int, dtype: torch.dtype,
+            scale: float | None) -> torch.Tensor:
+    """The K or V of each sequence's blocks, [B, max_blocks * block_size, kv_heads, D] in `dtype`
+    (block_tables [B, max_blocks], padded with the null block), dequantizing an fp8 cache."""
+    slots, heads, dim = cache.shape
+    b, n = block_tables.shape
+    x = cache.view(slots // block_size, block_size, heads, dim)[block_tables].view(b, n * block_size, heads, dim)
     if cache.dtype == torch.uint8:
         return (x.view(FP8_DTYPE).float() * scale).to(dtype)
     return x

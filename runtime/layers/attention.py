@@ -26,8 +26,9 @@ class PagedAttention(nn.Module):
         reference.write_kv(self.k_cache, k, ctx.slot_mapping, self.k_scale)
         reference.write_kv(self.v_cache, v, ctx.slot_mapping, self.v_scale)
         b, qlen, h, kvh, g, d = ctx.batch_size, ctx.max_query_len, self.num_heads, self.num_kv_heads, self.group, self.head_dim
-        keys = reference.read_kv(self.k_cache, ctx.key_slots, q.dtype, self.k_scale).transpose(1, 2)
-        values = reference.read_kv(self.v_cache, ctx.key_slots, q.dtype, self.v_scale).transpose(1, 2)
+        keys = reference.read_kv(self.k_cache, ctx.block_tables, ctx.block_size, q.dtype, self.k_scale)
+        values = reference.read_kv(self.v_cache, ctx.block_tables, ctx.block_size, q.dtype, self.v_scale)
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)
         if qlen == 1:  # decode: one query per sequence, no padding
             padded = q.view(b, kvh, g, d)
         else:

@@ -30,11 +30,10 @@ def test_greedy_equals_transformers(make_llm, tiny_reference, options):
 
 
 def test_first_token_logits_match_transformers_chunked_or_not(make_llm, tiny_hf):
-    long = [TEXTS[4] + " " + TEXTS[6]]
-    whole = first_token_logits(make_llm(), [make_llm().tokenizer.encode(long[0])])[0]
     llm = make_llm(max_num_batched_tokens=5)
-    ids = llm.tokenizer.encode(long[0])
+    ids = llm.tokenizer.encode(TEXTS[4] + " " + TEXTS[6])
     chunked = first_token_logits(llm, [ids])[0]
+    whole = first_token_logits(make_llm(), [ids])[0]
     reference = tiny_hf(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-4)
