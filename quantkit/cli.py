@@ -136,7 +136,7 @@ def quantize(
     max_seq_len: int = typer.Option(512, help="With --dataset: tokens per sample."),
     seed: int = typer.Option(0, help="With --dataset: sampling seed."),
     pack: bool = typer.Option(False, help="With --dataset: concatenate records into full --max-seq-len chunks."),
-    format: str = typer.Option("compressed-tensors", help="Checkpoint format."),
+    format: str = typer.Option("compressed-tensors", help="Checkpoint format: compressed-tensors, autoawq or gptq."),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ) -> None:
     """Apply a recipe (RTN, AWQ or GPTQ INT4) layer by layer and write a checkpoint vLLM and transformers load."""
@@ -163,7 +163,7 @@ def _print_quantize_summary(result) -> None:
     for layer, reports in by_layer.items():
         measured = [r for r in reports if r.error is not None]
         worst = max(measured, key=lambda r: r.error, default=None)
-        table.add_row(layer, reports[0].method, _percent(_mean(r.error_rtn for r in measured)),
+        table.add_row(layer, reports[0].method, _percent(_mean(r.error_rtn for r in measured if r.error_rtn is not None)),
                       _percent(_mean(r.error for r in measured)),
                       f"{worst.name.rsplit('.', 1)[1]} {_percent(worst.error)}" if worst else "-")
     console.print(table)
@@ -171,6 +171,8 @@ def _print_quantize_summary(result) -> None:
     console.print(f"wall time {p['wall_seconds']:.1f} s, peak RSS {p['peak_rss_mb']:.0f} MB")
     for note in sorted({f"{r.name}: {r.note}" for r in result.reports if r.note}):
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
 def _mean(values) -> float | None:
@@ -323,6 +325,22 @@ def bench_quantize(
 
     run_bench(model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads,
               list(recipe or DEFAULT_RECIPES), peers, console, keep)
+
+
+@bench_app.command("kv-cache", epilog="Example: quantkit bench kv-cache ckpt/ --threads 1")
+def bench_kv_cache(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint with KV-cache scales (recipe with kv_cache_scheme)."),
+    eval_dataset: str = typer.Option("pile_style_en:eval", help="Held-out text for perplexity."),
+    max_seq_len: int = typer.Option(512, help="Tokens per perplexity chunk."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
+) -> None:
+    """Perplexity with an FP8 KV cache at the checkpoint's scales versus at scale 1.0, and the scales."""
+    from quantkit.bench.kv_cache import run_bench
+
+    result = run_bench(checkpoint, eval_dataset, max_seq_len, threads, console)
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 @bench_app.command("vllm", epilog="Example: quantkit bench vllm --checkpoint ckpt/ --prompts 20 --out vllm.json")

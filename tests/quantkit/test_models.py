@@ -65,7 +65,7 @@ def test_models_show_json_is_one_object_with_path(tiny_model, run_cli):
     assert json.loads(out)["path"] == str(tiny_model)
 
 
-def test_unbuilt_commands_say_so_and_exit_2(run_cli):
-    for command in ("eval", "serve"):
+def test_unbuilt_command_says_so_and_exits_2(run_cli):
+    for command in ("serve",):
         code, _, err = run_cli(command)
         assert code == 2 and "not built yet" in err

@@ -76,3 +76,20 @@ def test_greedy_matches_argmax_without_cache_and_never_stops_early(tiny_model):
         for _ in range(6):
             ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
     assert greedy(model, prompt, 6) == ids[len(prompt):]
+
+
+def test_divergence_gap_is_the_logit_difference_at_the_first_mismatch(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.bench.vllm_agreement import divergence_gap
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    prompt = [5, 17, 42, 9]
+    ours = greedy(model, prompt, 6)
+    theirs = ours[:3] + [(ours[3] + 1) % 300] + ours[4:]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ours[:3]])).logits[0, -1]
+    expected = float(logits[ours[3]] - logits[theirs[3]])
+    assert divergence_gap(model, prompt, ours, theirs) == pytest.approx(expected, abs=1e-5)
+    assert expected > 0  # ours is the argmax
+    assert divergence_gap(model, prompt, ours, list(ours)) is None
