@@ -1,6 +1,7 @@
 """`quantkit bench quantize`: every method on the same calibration tokens, in one run: wall time, peak
 RSS (each quantization in its own process, threads pinned) and perplexity on held-out text relative to
-the fp16 model, all measured in the same run. With --peers, llm-compressor runs on the same tokens.
+the fp16 model, all measured in the same run. With --peers, llm-compressor runs the same methods (GPTQ, AWQ,
+FP8 dynamic) on the same tokens.
 
 Run a worker directly: python -m quantkit.bench.quantize quantize MODEL RECIPE CALIB_DIR OUT THREADS
                        python -m quantkit.bench.quantize perplexity EVAL_TOKENS THREADS MODEL_DIR...
@@ -25,6 +26,7 @@ WORKER = "quantkit.bench.quantize"
 def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: int, max_seq_len: int,
               threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None) -> list[dict]:
     from quantkit.models import resolve_model
+    from quantkit.recipes import load_recipe
 
     path = resolve_model(model)
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,7 +41,9 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
         if peers:
             from quantkit.bench.peers import METHODS, run_llmcompressor
 
-            for method in METHODS:
+            # The peer runs each method the chosen recipes use, on the same tokens.
+            methods = {load_recipe(r).quantization.method for r in recipes}
+            for method in (m for m in METHODS if m in methods):
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}"})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
