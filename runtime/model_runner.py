@@ -100,7 +100,7 @@ class ModelRunner:
                           "using k_scale = v_scale = 1.0 (|K| or |V| above 448 clips)", stacklevel=3)
             kv_scales = {}
         shape = (2, len(layers), num_blocks * self.block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=torch.uint8 if fp8 else self.dtype, device=self.device)
+        self.kv_cache = _zeros(shape, torch.uint8 if fp8 else self.dtype, self.device)
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
             if fp8:
@@ -159,6 +159,19 @@ class ModelRunner:
         if seq.generator is None:
             seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
         return seq.generator
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed cache. On CPU through calloc (numpy), so pages are only backed once blocks are written:
+    a 4 GiB budget does not cost 4 GiB of RAM up front. Zeros matter: masked slots are still read."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import math
+
+    import numpy as np
+
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 def _device(name: str) -> torch.device:
