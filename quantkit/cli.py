@@ -28,7 +28,8 @@ bench_app = typer.Typer(help="Benchmarks: each prints ratios against a baseline 
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 
-console = Console()
+# Piped into a CI log or a file, rich would assume 80 columns and squeeze the result tables unreadably.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 # Benchmarks calibrate on the shipped English business sets, packed into full-length samples, and
 # measure perplexity on pile_style_en:eval, general English text that none of them contains.
