@@ -6,6 +6,12 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.e2e
+# AWQ group 64 with a coarse search (5 ratios, no clip search) on 8 x 128 tokens: the same method and
+# format as awq-w4a16-g64 at a fraction of its search time, so the pass direction fits `make test`.
+AWQ_QUICK = """name: awq-w4a16-g64-quick
+quantization: {method: awq, n_grid: 5, clip: false}
+weights: {bits: 4, group_size: 64, symmetric: false}
+"""
 RTN2 = """name: rtn-w2a16-g64
 quantization: {method: rtn}
 weights: {bits: 2, group_size: 64, symmetric: false}
@@ -14,14 +20,15 @@ weights: {bits: 2, group_size: 64, symmetric: false}
 
 @pytest.fixture(scope="module")
 def checkpoints(smollm2, tmp_path_factory):
-    """AWQ and GPTQ group 64 on 8 packed samples of 128 tokens, and RTN 2-bit (no data), quantized once."""
+    """AWQ group 64 on 8 packed samples of 128 tokens, and RTN 2-bit (no data), quantized once. (GPTQ passes
+    the same gate in `quantkit eval` runs; it is left out here to keep `make test` short.)"""
     from quantkit.quantize.run import QuantizeOptions, quantize
 
     root = tmp_path_factory.mktemp("ckpts")
     (root / "rtn2.yaml").write_text(RTN2)
+    (root / "awq.yaml").write_text(AWQ_QUICK)
     out = {}
-    for name, recipe, data in [("awq", "awq-w4a16-g64", True), ("gptq", "gptq-w4a16-g64", True),
-                               ("rtn2", str(root / "rtn2.yaml"), False)]:
+    for name, recipe, data in [("awq", str(root / "awq.yaml"), True), ("rtn2", str(root / "rtn2.yaml"), False)]:
         quantize(QuantizeOptions(model="smollm2-135m", recipe=recipe, out=root / name,
                                  dataset="pile_style_en" if data else None, num_samples=8, max_seq_len=128,
                                  pack=data))
@@ -35,9 +42,8 @@ def _eval(run_cli, candidate, report):
     return code, json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else None, err
 
 
-@pytest.mark.parametrize("name", ["awq", "gptq"])
-def test_default_gate_passes_good_4bit(checkpoints, name, tmp_path, run_cli):
-    code, report, err = _eval(run_cli, checkpoints[name], tmp_path / "r")
+def test_default_gate_passes_good_4bit(checkpoints, tmp_path, run_cli):
+    code, report, err = _eval(run_cli, checkpoints["awq"], tmp_path / "r")
     assert code == 0, err
     assert report["passed"] and all(g["passed"] for g in report["gates"])
 
