@@ -18,10 +18,11 @@ from typing import Annotated, Literal, Union
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantkit.algorithms.rtn import WeightScheme
 from quantkit.errors import QuantkitError
+from quantkit.yaml_files import load_yaml_model
 
 
 class _Strict(BaseModel):
@@ -136,19 +137,4 @@ def load_recipe(ref: str) -> Recipe:
     path = shipped_recipes_dir() / f"{ref}.yaml" if ref in shipped_recipe_names() else Path(ref).expanduser()
     if not path.is_file():
         raise QuantkitError(f"recipe '{ref}' not found", hint=f"shipped recipes: {', '.join(shipped_recipe_names())}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise QuantkitError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from exc
-    if not isinstance(data, dict):
-        raise QuantkitError(f"{path}: a recipe must be a YAML mapping")
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(part) for part in first["loc"])
-        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        message = message.removeprefix("Value error, ")
-        raise QuantkitError(f"{path}: '{key}': {message}" if key else f"{path}: {message}") from exc
+    return load_yaml_model(path, Recipe)

@@ -24,10 +24,10 @@ import json
 from pathlib import Path
 from typing import Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantkit.errors import QuantkitError
+from quantkit.yaml_files import load_yaml_model
 
 # Gate metric name -> what it measures. "max" metrics are worse when larger, "min" metrics when smaller.
 METRICS = {
@@ -156,22 +156,7 @@ def load_gates(ref: str) -> tuple[Gates, Path]:
 def _load(path: Path, schema: type[BaseModel], what: str):
     if not path.is_file():
         raise QuantkitError(f"{what} not found", hint="pass a shipped name (default) or a YAML path")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise QuantkitError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from exc
-    if not isinstance(data, dict):
-        raise QuantkitError(f"{path}: expected a YAML mapping")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(part) for part in first["loc"])
-        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        message = message.removeprefix("Value error, ")
-        raise QuantkitError(f"{path}: '{key}': {message}" if key else f"{path}: {message}") from exc
+    return load_yaml_model(path, schema)
 
 
 def suite_hash(suite: Suite, files: list[Path], limit: int | None) -> str:

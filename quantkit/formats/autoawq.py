@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors, read_json,
+from quantkit.formats import common
+from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors,
                                      save_safetensors, write_json)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
@@ -158,15 +159,8 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
 
 
 def find_quant_config(root: Path) -> tuple[dict, dict, str]:
-    """(config.json, the AWQ quant config, where it was found): config.json first, else quant_config.json."""
-    config_file = root / "config.json"
-    config = read_json(config_file)
-    if "quantization_config" in config:
-        return config, config["quantization_config"], f"{config_file}: quantization_config"
-    if (root / SIDE_CONFIG).is_file():
-        return config, read_json(root / SIDE_CONFIG), str(root / SIDE_CONFIG)
-    raise QuantkitError(f"{config_file}: no quantization_config and no {SIDE_CONFIG} beside it",
-                        hint="this is not an AutoAWQ checkpoint")
+    """(config.json, the AWQ quant config, where it was found)."""
+    return common.find_quant_config(root, SIDE_CONFIG, "an AutoAWQ")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:

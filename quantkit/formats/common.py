@@ -33,6 +33,19 @@ def read_json(file: Path) -> dict:
     return value
 
 
+def find_quant_config(root: Path, side_config: str, kind: str) -> tuple[dict, dict, str]:
+    """(config.json, the quant config, where it was found): config.json's quantization_config first, else the
+    format's own side file (AutoAWQ quant_config.json, AutoGPTQ quantize_config.json)."""
+    config_file = root / "config.json"
+    config = read_json(config_file)
+    if "quantization_config" in config:
+        return config, config["quantization_config"], f"{config_file}: quantization_config"
+    if (root / side_config).is_file():
+        return config, read_json(root / side_config), str(root / side_config)
+    raise QuantkitError(f"{config_file}: no quantization_config and no {side_config} beside it",
+                        hint=f"this is not {kind} checkpoint")
+
+
 def write_json(file: Path, value: dict) -> None:
     """Sorted keys and a trailing newline, the way the compressed-tensors writer does it, so files diff well."""
     file.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")

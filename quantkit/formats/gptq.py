@@ -27,7 +27,8 @@ import torch
 
 from quantkit import __version__
 from quantkit.errors import QuantkitError
-from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors, read_json,
+from quantkit.formats import common
+from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors,
                                      save_safetensors, write_json)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
@@ -195,15 +196,8 @@ def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_siz
 
 
 def find_quant_config(root: Path) -> tuple[dict, dict, str]:
-    """(config.json, the GPTQ quant config, where it was found): config.json first, else quantize_config.json."""
-    config_file = root / "config.json"
-    config = read_json(config_file)
-    if "quantization_config" in config:
-        return config, config["quantization_config"], f"{config_file}: quantization_config"
-    if (root / SIDE_CONFIG).is_file():
-        return config, read_json(root / SIDE_CONFIG), str(root / SIDE_CONFIG)
-    raise QuantkitError(f"{config_file}: no quantization_config and no {SIDE_CONFIG} beside it",
-                        hint="this is not a GPTQ checkpoint")
+    """(config.json, the GPTQ quant config, where it was found)."""
+    return common.find_quant_config(root, SIDE_CONFIG, "a GPTQ")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
