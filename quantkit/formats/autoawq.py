@@ -16,15 +16,13 @@ A permuted (act-order) g_idx has no place in this layout and is refused.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import common
-from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors,
-                                     save_safetensors, write_json)
+from quantkit.formats.common import fp16_scales, has_permuted_groups, load_safetensors, write_quantized_dir
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
 
@@ -141,21 +139,14 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     A tied lm_head.weight is not written.
     """
     group_size = weight_scheme(quant_config)
-    tied = bool(hf_config.get("tie_word_embeddings", False))
-    state = {k: v for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
-    for module, qw in quantized.items():
-        if qw.group_size != group_size:
-            raise ValueError(f"{module}: group_size {qw.group_size} differs from quantization_config {group_size}")
-        if f"{module}.weight" in state:
-            raise ValueError(f"{module}.weight is both dense and quantized")
-        state.update({f"{module}.{k}": v for k, v in weight_tensors(qw, where=module).items()})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, out)
-    config = copy.deepcopy(hf_config)
-    config["quantization_config"] = copy.deepcopy(quant_config)
-    write_json(out / "config.json", config)
-    return out
+
+    def module_tensors():
+        for module, qw in quantized.items():
+            if qw.group_size != group_size:
+                raise ValueError(f"{module}: group_size {qw.group_size} differs from quantization_config {group_size}")
+            yield module, weight_tensors(qw, where=module)
+
+    return write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(), quant_config)
 
 
 def find_quant_config(root: Path) -> tuple[dict, dict, str]:

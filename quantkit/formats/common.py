@@ -6,6 +6,7 @@ copy went wrong rather than a safetensors or json traceback.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -95,6 +96,28 @@ def _load_file(file: Path) -> dict[str, torch.Tensor]:
 def save_safetensors(tensors: dict[str, torch.Tensor], out: Path) -> None:
     """One model.safetensors (contiguous copies, "pt" metadata as transformers expects)."""
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def write_quantized_dir(out_dir: str | Path, hf_config: dict, dense_tensors: dict[str, torch.Tensor],
+                        module_tensors, quant_config: dict) -> Path:
+    """model.safetensors and config.json (with quantization_config) in `out_dir`, for any format.
+
+    module_tensors yields (module name, its on-disk tensors without the module prefix), already checked
+    against the format's scheme; a tied lm_head.weight is not written, since loaders re-tie it.
+    """
+    tied = bool(hf_config.get("tie_word_embeddings", False))
+    state = {k: v for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
+    for module, tensors in module_tensors:
+        if f"{module}.weight" in state:
+            raise ValueError(f"{module}.weight is both dense and quantized")
+        state.update({f"{module}.{k}": v for k, v in tensors.items()})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state, out)
+    config = copy.deepcopy(hf_config)
+    config["quantization_config"] = copy.deepcopy(quant_config)
+    write_json(out / "config.json", config)
+    return out
 
 
 def fp16_scales(scale: torch.Tensor, where: str) -> torch.Tensor:

@@ -16,7 +16,6 @@ of quantization_config is fixed by hand and checked against the real package in 
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import float_quantized
-from quantkit.formats.common import load_safetensors, read_json, save_safetensors, write_json
+from quantkit.formats.common import load_safetensors, read_json, write_quantized_dir
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 
 QUANT_METHOD = "compressed-tensors"
@@ -209,19 +208,8 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     dense_tensors are written as given (already in the model dtype); quantized maps a module name
     ("model.layers.0.self_attn.q_proj") to its weight. A tied lm_head.weight is not written.
     """
-    tied = bool(hf_config.get("tie_word_embeddings", False))
-    state = {k: v.contiguous() for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
-    for module, tensors in _module_tensors(quantized, quant_config, dtype):
-        if f"{module}.weight" in state:
-            raise ValueError(f"{module}.weight is both dense and quantized")
-        state.update({f"{module}.{k}": v for k, v in tensors.items()})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, out)
-    config = copy.deepcopy(hf_config)
-    config["quantization_config"] = copy.deepcopy(quant_config)
-    write_json(out / "config.json", config)
-    return out
+    return write_quantized_dir(out_dir, hf_config, dense_tensors, _module_tensors(quantized, quant_config, dtype),
+                               quant_config)
 
 
 def _module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):

@@ -20,7 +20,6 @@ and asymmetric weights as v2 unless the caller asks to refuse them instead (requ
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -28,8 +27,8 @@ import torch
 from quantkit import __version__
 from quantkit.errors import QuantkitError
 from quantkit.formats import common
-from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors,
-                                     save_safetensors, write_json)
+from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors, write_json,
+                                     write_quantized_dir)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
 
@@ -168,19 +167,13 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     A tied lm_head.weight is not written.
     """
     bits, group_size, symmetric, fmt = weight_scheme(quant_config)
-    tied = bool(hf_config.get("tie_word_embeddings", False))
-    state = {k: v for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
-    for module, qw in quantized.items():
-        _check_matches_scheme(module, qw, bits, group_size, symmetric, bool(quant_config.get("desc_act")))
-        if f"{module}.weight" in state:
-            raise ValueError(f"{module}.weight is both dense and quantized")
-        state.update({f"{module}.{k}": v for k, v in weight_tensors(qw, fmt, where=module).items()})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, out)
-    config = copy.deepcopy(hf_config)
-    config["quantization_config"] = copy.deepcopy(quant_config)
-    write_json(out / "config.json", config)
+
+    def module_tensors():
+        for module, qw in quantized.items():
+            _check_matches_scheme(module, qw, bits, group_size, symmetric, bool(quant_config.get("desc_act")))
+            yield module, weight_tensors(qw, fmt, where=module)
+
+    out = write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(), quant_config)
     write_json(out / SIDE_CONFIG, quant_config)
     return out
 
