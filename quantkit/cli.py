@@ -40,8 +40,10 @@ err_console = Console(stderr=True)
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2."""
-    # SIGTERM unwinds like Ctrl-C, so atomic writes clean up their staging directories.
+    # SIGTERM unwinds like Ctrl-C, so atomic writes clean up their staging directories. SIGINT is installed
+    # explicitly too: a parent that ignores it would otherwise pass the ignore on to us.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", UserWarning)
@@ -64,10 +66,21 @@ def _layer_progress(verb: str):
     with Progress(TextColumn(f"{verb} layer {{task.completed}}/{{task.total}}"), BarColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task("layers", total=None)
-        yield lambda done, total: progress.update(task, completed=done, total=total)
+
+        def on_layer(done: int, total: int) -> None:
+            if _interrupted:  # a KeyboardInterrupt some library swallowed: unwind at the next layer
+                raise KeyboardInterrupt
+            progress.update(task, completed=done, total=total)
+
+        yield on_layer
+
+
+_interrupted = False
 
 
 def _interrupt(signum, frame) -> None:
+    global _interrupted
+    _interrupted = True
     raise KeyboardInterrupt
 
 
