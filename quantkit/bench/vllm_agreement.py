@@ -28,13 +28,13 @@ import torch
 from quantkit.bench.peers import VLLM, peer_python
 from quantkit.bench.prompts import Prompt, draw_prompts
 from quantkit.bench.workers import pinned_env
+from quantkit.formats.float_quantized import KV_SCALE_SUFFIXES
 
 WORKER = Path(__file__).with_name("peer_vllm.py")
 MIN_AGREEMENT = 0.9  # the bar: 18 of 20 prompts
 # A divergence whose float32 logit gap is below this is a near-tie; on the dense fp16 model every
 # bf16-vs-float32 divergence measured here was <= 0.20.
 NEAR_TIE = 0.25
-KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale")
 
 
 def run_bench(checkpoints: list[Path], num_prompts: int, new_tokens: int, threads: int, console,

@@ -8,7 +8,6 @@ a checkpoint has none). Keys are rounded after rotary embedding, which is what a
 
 from __future__ import annotations
 
-import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,6 @@ from quantkit.formats.common import load_safetensors
 ATTENTION_NAME = "quantkit_fp8_kv"
 _SCALES = "_quantkit_kv_scales"  # (k_scale, v_scale) attribute set on each attention module
 NO_SCALES = "no KV-cache scales"
-_LAYER = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
 
 
 def _fp8_kv_attention(module, query, key, value, attention_mask, **kwargs):
@@ -41,15 +39,10 @@ AttentionInterface.register(ATTENTION_NAME, _fp8_kv_attention)
 
 def read_kv_scales(checkpoint: Path) -> dict[int, tuple[float, float]]:
     """Layer index -> (k_scale, v_scale) from a checkpoint's safetensors; {} when it has none."""
-    found: dict[int, dict[str, float]] = {}
-    for name, value in float_quantized.kv_scales(load_safetensors(Path(checkpoint))).items():
-        match = _LAYER.search(name)
-        if match:
-            found.setdefault(int(match[1]), {})[match[2]] = float(value.reshape(-1)[0])
-    incomplete = sorted(i for i, kv in found.items() if set(kv) != {"k", "v"})
+    scales, incomplete = float_quantized.per_layer_kv_scales(load_safetensors(Path(checkpoint)))
     if incomplete:
         raise QuantkitError(f"{checkpoint}: layers {incomplete} have a k_scale or a v_scale but not both")
-    return {i: (kv["k"], kv["v"]) for i, kv in sorted(found.items())}
+    return scales
 
 
 @contextmanager

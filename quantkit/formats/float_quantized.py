@@ -14,6 +14,8 @@ on small values.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from quantkit.errors import QuantkitError
@@ -119,3 +121,17 @@ def split_quantized(tensors: dict[str, torch.Tensor], activations: str,
 def kv_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The KV-cache scales present in a state dict ("model.layers.N.self_attn.k_scale" -> [1] float32)."""
     return {k: v.float().reshape(-1) for k, v in tensors.items() if k.endswith(KV_SCALE_SUFFIXES)}
+
+
+_LAYER_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
+
+
+def per_layer_kv_scales(tensors: dict[str, torch.Tensor]) -> tuple[dict[int, tuple[float, float]], list[int]]:
+    """(layer index -> (k_scale, v_scale) for layers that have both, layers that have only one of them)."""
+    found: dict[int, dict[str, float]] = {}
+    for name, value in kv_scales(tensors).items():
+        match = _LAYER_SCALE.search(name)
+        if match:
+            found.setdefault(int(match[1]), {})[match[2]] = float(value.reshape(-1)[0])
+    complete = {i: (kv["k"], kv["v"]) for i, kv in sorted(found.items()) if set(kv) == {"k", "v"}}
+    return complete, sorted(i for i in found if i not in complete)

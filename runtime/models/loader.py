@@ -6,7 +6,6 @@ are fused into one projection each. KV-cache scales (model.layers.N.self_attn.{k
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -14,12 +13,11 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import read_checkpoint
-from quantkit.formats.float_quantized import kv_scales
+from quantkit.formats.float_quantized import per_layer_kv_scales
 from quantkit.formats.quantized import Fp8Weight
 from quantkit.runtime.models.llama import LlamaConfig, LlamaForCausalLM
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.([kv])_scale$")
 
 
 def load_model(path: Path, dtype: torch.dtype, device: torch.device):
@@ -65,9 +63,4 @@ def _runtime_state(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[s
 
 
 def _kv_scales(dense: dict[str, torch.Tensor]) -> dict[int, tuple[float, float]]:
-    found: dict[int, dict[str, float]] = {}
-    for name, value in kv_scales(dense).items():
-        match = _KV_SCALE.search(name)
-        if match:
-            found.setdefault(int(match[1]), {})[match[2]] = float(value.reshape(-1)[0])
-    return {i: (kv["k"], kv["v"]) for i, kv in found.items() if set(kv) == {"k", "v"}}
+    return per_layer_kv_scales(dense)[0]
