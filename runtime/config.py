@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from quantkit.errors import QuantkitError
@@ -9,6 +10,7 @@ from quantkit.errors import QuantkitError
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
+KERNELS = ("auto", "triton", "reference")
 
 
 @dataclass(slots=True)
@@ -25,12 +27,18 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count (tests); wins over both budgets
     enable_prefix_caching: bool = True
     device: str = "auto"
+    # "auto": Triton on CUDA, native CPU paths elsewhere; "triton": Triton everywhere (TRITON_INTERPRET=1 on
+    # CPU); "reference": the torch reference math. None: QUANTKIT_KERNELS, else "auto".
+    kernels: str | None = None
     seed: int = 0
 
     def __post_init__(self):
         _choice("dtype", self.dtype, DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _choice("device", self.device, DEVICES)
+        if self.kernels is None:
+            self.kernels = os.environ.get("QUANTKIT_KERNELS", "auto")
+        _choice("kernels", self.kernels, KERNELS)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise QuantkitError(f"{name} must be >= 1, got {getattr(self, name)}")

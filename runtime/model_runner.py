@@ -53,7 +53,7 @@ class ModelRunner:
         self.config = config
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device, path)
-        self.model, kv_scales = load_model(path, self.dtype, self.device)
+        self.model, kv_scales = load_model(path, self.dtype, self.device, config.kernels)
         cfg = self.model.config
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings:

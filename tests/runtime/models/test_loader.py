@@ -20,14 +20,31 @@ def int4_checkpoint(tiny_model, tmp_path_factory):
     return out
 
 
+def sqnr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum()))
+
+
 def test_int4_checkpoint_logits_match_its_dequantized_transformers_model(make_llm, int4_checkpoint):
-    llm = make_llm(int4_checkpoint)
+    """The reference path dequantizes per call in float32: float tolerance against transformers."""
+    llm = make_llm(int4_checkpoint, kernels="reference")
     prompts = [llm.tokenizer.encode(t) for t in TEXTS[:4]]
     hf = load_model(int4_checkpoint)
     for ids, logits in zip(prompts, first_token_logits(llm, prompts)):
         torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0, -1], rtol=1e-4, atol=1e-4)
     dense = make_llm()  # and the quantization did change the model
     assert not torch.allclose(first_token_logits(dense, prompts[:1])[0], first_token_logits(llm, prompts[:1])[0])
+
+
+def test_cpu_int4_path_keeps_weights_packed_and_tracks_the_reference(make_llm, int4_checkpoint):
+    """The native CPU path (bf16 activations into torch's int4pack kernel) stays within bf16 rounding of the
+    float32 reference, and holds 4-bit weights, not dequantized ones."""
+    fast, exact = make_llm(int4_checkpoint, kernels="auto"), make_llm(int4_checkpoint, kernels="reference")
+    qkv = fast.engine.runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.backend == "cpu-int4pack"
+    assert qkv.packed.dtype == torch.uint8 and qkv.packed.numel() * 2 == qkv.in_features * qkv.out_features
+    prompts = [fast.tokenizer.encode(t) for t in TEXTS[:4]]
+    for got, want in zip(first_token_logits(fast, prompts), first_token_logits(exact, prompts)):
+        assert 25 < sqnr_db(want, got) < 80  # bf16 activations: close, but not float32-exact
 
 
 def with_kv_scales(src, dst, k_scale, v_scale):
