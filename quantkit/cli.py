@@ -84,11 +84,6 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _not_built(command: str, issue: str) -> None:
-    err_console.print(f"quantkit {command} is not built yet (tracked in the {issue} issue)")
-    raise typer.Exit(2)
-
-
 @app.command(epilog="Example: quantkit calibrate --model smollm2-135m --dataset support_chat_en "
                     "--traffic traffic.jsonl --out calib/")
 def calibrate(
@@ -248,10 +243,51 @@ def _phase_progress():
         yield on_phase
 
 
-@app.command(epilog="Example: quantkit serve ckpt/ --port 8000")
-def serve() -> None:
-    """OpenAI-compatible server on the quantkit runtime."""
-    _not_built("serve", "serve")
+@app.command(epilog="Example: quantkit serve ckpt/ --port 8000 --kv-cache-dtype fp8 --api-key $KEY")
+def serve(
+    model: str = typer.Argument("smollm2-135m", help="Model name, HF directory, quantkit or peer checkpoint."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on; 0.0.0.0 exposes the server to the network."),
+    port: int = typer.Option(8000),
+    api_key: Optional[str] = typer.Option(None, envvar="QUANTKIT_API_KEY",
+                                          help="Require 'Authorization: Bearer KEY' on /v1/* routes."),
+    served_model_name: Optional[str] = typer.Option(None, help="The name clients pass as `model` (default: MODEL)."),
+    max_model_len: Optional[int] = typer.Option(None, help="Prompt + output tokens per request."),
+    dtype: str = typer.Option("auto", help="auto, float16, bfloat16 or float32 (auto: float32 on CPU)."),
+    kv_cache_dtype: str = typer.Option("auto", help="auto or fp8 (E4M3 with the checkpoint's scales)."),
+    max_num_seqs: int = typer.Option(64, help="Requests in the running batch at most."),
+    max_num_batched_tokens: int = typer.Option(2048, help="Tokens per engine step at most."),
+    max_waiting: int = typer.Option(256, help="Waiting requests at most; beyond it requests get 503 + Retry-After."),
+    block_size: int = typer.Option(16, help="Tokens per KV block."),
+    kv_cache_memory_gb: Optional[float] = typer.Option(None, help="KV-cache budget in GiB."),
+    prefix_caching: bool = typer.Option(True, help="Reuse the KV blocks of shared prompt prefixes."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (CPU)."),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
+    from quantkit.runtime import EngineConfig
+    from quantkit.runtime.server import make_server
+
+    if max_waiting < 1:
+        raise QuantkitError(f"--max-waiting must be >= 1, got {max_waiting}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    config = EngineConfig(model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=max_model_len, kv_cache_memory_gb=kv_cache_memory_gb,
+                          enable_prefix_caching=prefix_caching, device=device)
+    server = make_server(config, served_model_name, host=host, port=port, api_key=api_key,
+                         max_waiting=max_waiting, log_level=log_level)
+    cap = server.app.state.engine_loop.engine.capacity
+    err_console.print(f"serving [bold]{served_model_name or model}[/] on {server.url}/v1  |  KV cache {cap.dtype}: "
+                      f"{cap.num_tokens:,} tokens in {cap.num_blocks:,} blocks, max concurrency "
+                      f"{cap.max_concurrency:.1f}x at max_model_len {cap.max_model_len}", highlight=False, soft_wrap=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        err_console.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can reach "
+                          "this port can use the model", highlight=False)
+    server.serve()
 
 
 @app.command(epilog="Example: quantkit convert ckpt/ --to autoawq --out ckpt-awq/")
