@@ -1,0 +1,53 @@
+"""A client that leaves mid-request (streaming or not) aborts its request and frees its KV blocks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import requests
+
+from tests.runtime.server.conftest import metric, scrape, wait_idle
+
+LONG = {"model": "tiny", "prompt": "Your order 12345 shipped yesterday", "max_tokens": 220, "ignore_eos": True,
+        "temperature": 0}
+
+
+def _aborts(server) -> float:
+    return metric(scrape(server), "vllm:request_success_total", finished_reason="abort")
+
+
+def test_streaming_client_that_leaves_is_aborted(start_server):
+    server = start_server()
+    with requests.post(server.url + "/v1/completions", json={**LONG, "stream": True}, stream=True, timeout=60) as resp:
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line)
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+        assert requests.get(server.url + "/stats", timeout=10).json()["kv_cache_usage"] > 0
+    # the connection is closed here, long before 220 tokens
+    stats = wait_idle(server)
+    assert stats["num_running"] == 0 and stats["kv_cache_usage"] == 0.0
+    m = scrape(server)
+    assert metric(m, "vllm:request_success_total", finished_reason="abort") == 1
+    assert metric(m, "vllm:generation_tokens_total") < 220
+
+
+def test_non_streaming_client_that_leaves_is_aborted(start_server):
+    server = start_server()
+    body = json.dumps(LONG).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 20
+        while requests.get(server.url + "/stats", timeout=10).json()["num_running"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    stats = wait_idle(server)
+    assert stats["kv_cache_usage"] == 0.0
+    assert _aborts(server) == 1
+    assert metric(scrape(server), "vllm:generation_tokens_total") < 220
+    # the server is fine afterwards
+    ok = requests.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 3}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
