@@ -3,6 +3,7 @@ with the app's lifespan."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from contextlib import asynccontextmanager
@@ -25,7 +26,8 @@ def build_app(engine: LLMEngine, model_name: str, api_key: str | None = None, ma
     """An app serving `engine` as `model_name`; the engine belongs to the app's loop thread from here on."""
     metrics = ServerMetrics(model_name)
     engine_loop = EngineLoop(engine, metrics, max_waiting)
-    serving = OpenAIServing(engine_loop, load_tokenizer(engine.path), model_name, engine.max_model_len)
+    vocab_size = json.loads((engine.path / "config.json").read_text())["vocab_size"]
+    serving = OpenAIServing(engine_loop, load_tokenizer(engine.path), model_name, engine.max_model_len, vocab_size)
     created = int(time.time())
 
     @asynccontextmanager

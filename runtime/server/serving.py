@@ -47,16 +47,17 @@ class Call:
 
 
 class OpenAIServing:
-    def __init__(self, engine_loop: EngineLoop, tokenizer, model_name: str, max_model_len: int):
+    def __init__(self, engine_loop: EngineLoop, tokenizer, model_name: str, max_model_len: int, vocab_size: int):
         self.engine_loop = engine_loop
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
 
     # --- building the call ---
     def completion_call(self, req: CompletionRequest) -> Call:
         self._check_model(req)
-        prompts = [self._encode(p) if isinstance(p, str) else [int(t) for t in p] for p in req.prompts]
+        prompts = [self._encode(p) if isinstance(p, str) else self._checked_ids(p) for p in req.prompts]
         return self._call(req, prompts, "prompt", req.max_tokens, chat=False)
 
     def chat_call(self, req: ChatCompletionRequest) -> Call:
@@ -77,6 +78,12 @@ class OpenAIServing:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
+
+    def _checked_ids(self, ids: list[int]) -> list[int]:
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:  # the embedding lookup would fail inside the engine step, for the whole batch
+            raise BadRequest(f"token id {bad} is out of range: the vocabulary has {self.vocab_size} ids", "prompt")
+        return list(ids)
 
     def _call(self, req: SamplingRequest, prompts: list[list[int]], param: str, max_tokens: int | None,
               chat: bool) -> Call:

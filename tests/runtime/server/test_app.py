@@ -20,6 +20,8 @@ from tests.runtime.server.conftest import client, wait_idle
     ({"prompt": "hi", "n": 2}, None),
     ({"prompt": "hi", "logprobs": 3}, None),
     ({"prompt": []}, None),
+    ({"prompt": [1, 2, 10 ** 6]}, "prompt"),  # a token id outside the vocabulary
+    ({"prompt": [[1, 2], [-1]]}, "prompt"),
     ({}, "prompt"),
 ])
 def test_bad_completion_requests_are_400_in_openai_shape(server, body, param):
