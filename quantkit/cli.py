@@ -425,5 +425,42 @@ def bench_read_peer(
     run_bench(model, dataset, num_samples, max_seq_len, prompts, threads, console, keep)
 
 
+@bench_app.command("serve", epilog="Example: quantkit bench serve --url http://127.0.0.1:8000 --num-prompts 200 "
+                                   "--request-rate 4 --input-len 128 --output-len 64 --out serve.json")
+def bench_serve(
+    url: str = typer.Option(..., help="The server, e.g. http://127.0.0.1:8000 (quantkit serve, vLLM, ...)."),
+    model: Optional[str] = typer.Option(None, help="Model name to send (default: the first of /v1/models)."),
+    num_prompts: int = typer.Option(100),
+    input_len: int = typer.Option(128, help="Synthetic prompt length (words, or tokens with --tokenizer)."),
+    output_len: int = typer.Option(64, help="Tokens generated per request (EOS ignored)."),
+    range_ratio: float = typer.Option(0.0, help="Lengths uniform in [len*(1-r), len*(1+r)]."),
+    dataset: Optional[Path] = typer.Option(None, help='JSONL of {"prompt": ..., "output_len": ...} instead.'),
+    tokenizer: Optional[str] = typer.Option(None, help="Model reference whose tokenizer makes exact-length prompts."),
+    request_rate: float = typer.Option(float("inf"), help="Requests per second (inf: all at once)."),
+    burstiness: float = typer.Option(1.0, help="1: Poisson arrivals; < 1 burstier, > 1 more uniform (gamma)."),
+    max_concurrency: Optional[int] = typer.Option(None, help="Requests in flight at most."),
+    percentiles: str = typer.Option("99", help="Comma-separated percentiles to report."),
+    seed: int = typer.Option(0),
+    api_key: Optional[str] = typer.Option(None, envvar="QUANTKIT_API_KEY"),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON result here."),
+) -> None:
+    """Request throughput, output tokens/s, TTFT, TPOT, ITL and E2E latency against a running server."""
+    from quantkit.bench.serve import BenchConfig, print_report, run
+
+    if dataset is not None and not dataset.is_file():
+        raise QuantkitError(f"--dataset {dataset}: no such file")
+    try:
+        pcts = [float(p) for p in percentiles.split(",") if p.strip()]
+    except ValueError as exc:
+        raise QuantkitError(f"--percentiles {percentiles!r}: expected numbers like 50,90,99") from exc
+    report = run(BenchConfig(url, model, num_prompts, input_len, output_len, range_ratio, dataset, tokenizer,
+                             request_rate, burstiness, max_concurrency, seed, pcts, api_key))
+    print_report(report, console)
+    if out:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if report["completed"] == 0:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     main()
