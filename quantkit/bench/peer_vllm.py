@@ -4,12 +4,12 @@ loads it, to compare with quantkit's own model.
 Runs under the vLLM venv's python (see quantkit/bench/peers.py), so it imports only vllm and the standard
 library, never quantkit.
 
-    python peer_vllm.py CHECKPOINT PROMPTS_JSON NEW_TOKENS {auto|fp8} THREADS
+    python peer_vllm.py CHECKPOINT PROMPTS_JSON NEW_TOKENS {auto|fp8} THREADS [DTYPE]
 
 PROMPTS_JSON is a file holding a list of token-id lists. Prints, last, one JSON line: {"token_ids" (one list
 per prompt), "load_s", "generate_s", "tokens_per_s", "scale_log" (what vLLM logged about k/v or other
 scales, such as "Using KV cache scaling factor 1.0"), "w4a16_fallback_layers" (INT4 layers run through the
-dense fallback below, 0 where vLLM's own kernel runs)}. Some vLLM CPU runs abort at process exit after
+dense fallback below, 0 where vLLM's own kernel runs), "peak_rss_mib"}. DTYPE defaults to bfloat16. Some vLLM CPU runs abort at process exit after
 printing it; the caller trusts a complete line over the exit code.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import sys
 import time
 
@@ -79,7 +80,8 @@ def install_w4a16_fallback(replaced: list[str]) -> None:
     CPUWNA16LinearKernel.apply_weights = matmul
 
 
-def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: str, threads: int) -> None:
+def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: str, threads: int,
+         dtype: str = "bfloat16") -> None:
     pin_environment(threads)
     import torch
     from vllm import LLM, SamplingParams
@@ -93,8 +95,8 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     with open(prompts_file) as f:
         prompts = json.load(f)
     started = time.perf_counter()
-    # bf16 is what vLLM's CPU kernels compute in; eager mode skips ~30 s of torch.compile at startup.
-    llm = LLM(model=checkpoint, dtype="bfloat16", enforce_eager=True, kv_cache_dtype=kv_cache_dtype,
+    # bf16 is what vLLM's CPU kernels are built for; eager mode skips ~30 s of torch.compile at startup.
+    llm = LLM(model=checkpoint, dtype=dtype, enforce_eager=True, kv_cache_dtype=kv_cache_dtype,
               max_model_len=max(map(len, prompts)) + new_tokens, seed=0)
     load_s = time.perf_counter() - started
     # ignore_eos: both sides produce exactly new_tokens, so an end-of-text token is compared like any other.
@@ -105,11 +107,12 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     result = {"token_ids": token_ids, "load_s": round(load_s, 2), "generate_s": round(generate_s, 3),
               "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "scale_log": scale_log.messages,
-              "w4a16_fallback_layers": len(replaced)}
+              "w4a16_fallback_layers": len(replaced),
+              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
     print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), *sys.argv[6:])
