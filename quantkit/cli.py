@@ -449,6 +449,55 @@ def bench_offline(
         out.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
 
 
+@bench_app.command("prefix-cache", epilog="Example: quantkit bench prefix-cache --system-tokens 1024 --num-requests 16")
+def bench_prefix_cache(
+    model: str = typer.Option("smollm2-135m"),
+    system_tokens: int = typer.Option(1024, help="Length of the system prompt every request shares."),
+    num_requests: int = typer.Option(16, help="Requests, sent one after another."),
+    output_len: int = typer.Option(8),
+    dtype: str = typer.Option("float32"),
+    threads: int = typer.Option(1, help="torch and OpenMP threads."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON result here."),
+) -> None:
+    """Mean time to first token with prefix caching on versus off, on a shared ~1k-token system prompt."""
+    from quantkit.bench.runtime_features import prefix_cache_bench
+
+    result = prefix_cache_bench(model, num_requests, system_tokens, output_len, dtype, threads)
+    _print_rows(result["rows"], f"shared system prompt of {result['system_prompt_tokens']} tokens: "
+                                f"TTFT {result['ttft_speedup']:.2f}x lower with prefix caching")
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+@bench_app.command("kv-capacity", epilog="Example: quantkit bench kv-capacity --kv-budget-mib 32")
+def bench_kv_capacity(
+    model: str = typer.Option("smollm2-135m"),
+    kv_budget_mib: float = typer.Option(32.0, help="The KV-cache budget every row gets."),
+    num_requests: int = typer.Option(32),
+    output_len: int = typer.Option(64),
+    max_model_len: int = typer.Option(256),
+    threads: int = typer.Option(1, help="torch and OpenMP threads."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON result here."),
+) -> None:
+    """Sequences that fit one KV budget per cache dtype, and what the same workload did with it."""
+    from quantkit.bench.runtime_features import kv_capacity_bench
+
+    result = kv_capacity_bench(model, kv_budget_mib, num_requests, output_len, max_model_len, threads)
+    _print_rows(result["rows"], f"KV budget {kv_budget_mib:g} MiB, max_model_len {max_model_len}, "
+                                f"{num_requests} requests x {output_len} tokens")
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _print_rows(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for column in rows[0]:
+        table.add_column(column.replace("_", " "))
+    for row in rows:
+        table.add_row(*map(str, row.values()))
+    console.print(table)
+
+
 @bench_app.command("serve", epilog="Example: quantkit bench serve --url http://127.0.0.1:8000 --num-prompts 200 "
                                    "--request-rate 4 --input-len 128 --output-len 64 --out serve.json")
 def bench_serve(
