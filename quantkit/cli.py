@@ -489,6 +489,22 @@ def bench_kv_capacity(
         out.write_text(json.dumps(result, indent=2) + "\n")
 
 
+@bench_app.command("kernels", epilog="Example: quantkit bench kernels --threads 1 --out kernels.json")
+def bench_kernels(
+    m: list[int] = typer.Option([1, 8, 64], help="Rows of activations (tokens in the batch); repeatable."),
+    rounds: int = typer.Option(30, help="Interleaved timing rounds; the median is reported."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON rows here."),
+) -> None:
+    """CPU linear paths on SmolLM2's layer shapes: fp32 dense, native INT4, INT4 dequantized per call, bf16."""
+    from quantkit.bench.kernels import as_dicts, bench_kernels as run, rows_table
+
+    rows = run(tuple(m), rounds, threads)
+    console.print(rows_table(rows, f"CPU linear paths, {threads} thread(s), group 64 (median of {rounds} rounds)"))
+    if out:
+        out.write_text(json.dumps(as_dicts(rows), indent=2) + "\n")
+
+
 def _print_rows(rows: list[dict], title: str) -> None:
     table = Table(title=title)
     for column in rows[0]:
@@ -549,6 +565,7 @@ def bench_serve_load(
     max_model_len: int = typer.Option(1024, help="In-process server: max_model_len."),
     max_prompt_words: int = typer.Option(300, help="Longest valid prompt, in words (keep it under max_model_len)."),
     max_output_tokens: int = typer.Option(48),
+    retries: int = typer.Option(3, help="Times a client retries a 503 after its Retry-After."),
     threads: int = typer.Option(1, help="In-process server: torch threads."),
     seed: int = typer.Option(0),
     out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
@@ -560,7 +577,7 @@ def bench_serve_load(
                             disconnect_fraction=disconnect_fraction, invalid_fraction=invalid_fraction,
                             max_num_seqs=max_num_seqs, max_waiting=max_waiting, num_kv_blocks=num_kv_blocks,
                             max_model_len=max_model_len, max_prompt_words=max_prompt_words,
-                            max_output_tokens=max_output_tokens, threads=threads, seed=seed))
+                            max_output_tokens=max_output_tokens, retries=retries, threads=threads, seed=seed))
     table = Table(title=f"{num_requests} requests in {report.seconds:.1f} s")
     table.add_column("requests (kind/result)")
     table.add_column("n", justify="right")

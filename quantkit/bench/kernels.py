@@ -1,0 +1,106 @@
+"""`quantkit bench kernels`: the runtime's CPU linear paths on SmolLM2's layer shapes at M = 1, 8, 64.
+
+    fp32 dense            F.linear on float32 weights (what the runtime runs for dense checkpoints on CPU)
+    int4 cpu (int4pack)   torch's native W4A16 CPU kernel, bf16 activations (Int4Linear, kernels="auto")
+    int4 reference        dequantize per call to float32, then F.linear (Int4Linear, kernels="reference")
+    bf16 dense            F.linear on bfloat16 weights (for scale: this CPU has no native bf16 matmul)
+
+Timings are medians of interleaved rounds (each round runs every path once), so load from other processes
+hits all paths alike; ratios are against fp32 dense in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quantkit.formats.quantized import QuantizedWeight
+
+# SmolLM2-135M's linears as the runtime fuses them: (name, out_features N, in_features K)
+SMOLLM2_SHAPES = (("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576), ("down_proj", 576, 1536))
+PATHS = ("fp32 dense", "int4 cpu (int4pack)", "int4 reference", "bf16 dense")
+
+
+@dataclass
+class KernelRow:
+    layer: str
+    n: int
+    k: int
+    m: int
+    path: str
+    microseconds: float
+    ratio_to_fp32: float  # fp32 time / this time: > 1 is faster
+    weight_kib: float
+
+
+def random_int4(n: int, k: int, group_size: int = 64, seed: int = 0) -> QuantizedWeight:
+    gen = torch.Generator().manual_seed(seed)
+    return QuantizedWeight(q=torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
+                           scale=torch.rand(n, k // group_size, generator=gen) * 0.01 + 0.001,
+                           zero=torch.randint(0, 16, (n, k // group_size), generator=gen, dtype=torch.int32),
+                           bits=4, group_size=group_size, symmetric=False)
+
+
+def _bytes(module_or_tensor) -> float:
+    tensors = [module_or_tensor] if isinstance(module_or_tensor, torch.Tensor) else \
+        [*module_or_tensor.parameters(), *module_or_tensor.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors) / 1024
+
+
+def bench_kernels(ms: tuple[int, ...] = (1, 8, 64), rounds: int = 30, threads: int = 1) -> list[KernelRow]:
+    from quantkit.runtime.layers.linear import Int4Linear
+
+    torch.set_num_threads(threads)
+    cpu, rows = torch.device("cpu"), []
+    for name, n, k in SMOLLM2_SHAPES:
+        qw = random_int4(n, k)
+        dense = qw.dequantize(torch.float32)
+        dense_bf16 = dense.to(torch.bfloat16)
+        fast = Int4Linear([qw], None, torch.float32, "auto", cpu)
+        exact = Int4Linear([qw], None, torch.float32, "reference", cpu)
+        assert fast.backend == "cpu-int4pack" and exact.backend == "reference"
+        weights = {PATHS[0]: _bytes(dense), PATHS[1]: _bytes(fast), PATHS[2]: _bytes(exact),
+                   PATHS[3]: _bytes(dense_bf16)}
+        for m in ms:
+            x = torch.randn(m, k)
+            xb = x.to(torch.bfloat16)
+            calls = {PATHS[0]: lambda: F.linear(x, dense), PATHS[1]: lambda: fast(x),
+                     PATHS[2]: lambda: exact(x), PATHS[3]: lambda: F.linear(xb, dense_bf16)}
+            times = _interleaved(calls, rounds)
+            for path in PATHS:
+                rows.append(KernelRow(name, n, k, m, path, round(times[path] * 1e6, 1),
+                                      round(times[PATHS[0]] / times[path], 2), round(weights[path], 1)))
+    return rows
+
+
+def _interleaved(calls: dict, rounds: int) -> dict[str, float]:
+    with torch.inference_mode():
+        for call in calls.values():  # warm up
+            call()
+        samples = {path: [] for path in calls}
+        for _ in range(rounds):
+            for path, call in calls.items():
+                start = time.perf_counter()
+                call()
+                samples[path].append(time.perf_counter() - start)
+    return {path: statistics.median(s) for path, s in samples.items()}
+
+
+def rows_table(rows: list[KernelRow], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("layer", "N x K", "M", "path", "us", "x fp32", "weights KiB"):
+        table.add_column(column, justify="left" if column in ("layer", "path") else "right")
+    for r in rows:
+        table.add_row(r.layer, f"{r.n} x {r.k}", str(r.m), r.path, f"{r.microseconds:,.1f}", f"{r.ratio_to_fp32:.2f}",
+                      f"{r.weight_kib:,.0f}")
+    return table
+
+
+def as_dicts(rows: list[KernelRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
