@@ -583,6 +583,7 @@ def bench_serve_load(
     table.add_column("n", justify="right")
     for key, n in report.counts.items():
         table.add_row(key, str(n))
+    table.add_row("503 + Retry-After answers (retries included)", str(report.responses_503))
     for key, value in report.server.items():
         table.add_row(f"[dim]server[/] {key}", f"{value:.0f}")
     console.print(table)

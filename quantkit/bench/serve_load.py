@@ -33,6 +33,7 @@ class LoadConfig:
     max_prompt_words: int = 300
     max_output_tokens: int = 48
     request_timeout: float = 300.0  # a valid request slower than this counts as hung
+    retries: int = 3  # times a client retries a 503 after its Retry-After
     seed: int = 0
     # the in-process server
     max_model_len: int = 1024
@@ -61,6 +62,8 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     detail: str = ""
+    attempts: int = 1
+    retry_after: float = 0.0
 
 
 def make_plans(cfg: LoadConfig, model: str) -> list[Plan]:
@@ -114,6 +117,17 @@ def _break(body: dict, rng: random.Random, cfg: LoadConfig) -> dict | str:
     return body
 
 
+async def _send_with_retries(session, url: str, plan: Plan, timeout: float, retries: int) -> Outcome:
+    """Like a well-behaved client: a 503 is retried after its Retry-After, `retries` times at most."""
+    for attempt in range(retries + 1):
+        out = await _send(session, url, plan, timeout)
+        out.attempts = attempt + 1
+        if out.result != REFUSED or attempt == retries:
+            return out
+        await asyncio.sleep(out.retry_after)
+    return out
+
+
 async def _send(session, url: str, plan: Plan, timeout: float) -> Outcome:
     path = "/v1/chat/completions" if plan.chat else "/v1/completions"
     out = Outcome(plan.index, plan.kind, BAD)
@@ -138,6 +152,8 @@ async def _exchange(session, url: str, kwargs: dict, plan: Plan, out: Outcome) -
         if resp.status != 200:
             payload = await resp.text()
             out.result, out.detail = _judge_error(plan, resp, payload)
+            if out.result == REFUSED:
+                out.retry_after = float(resp.headers["Retry-After"])
             return
         if not plan.stream:
             data = await resp.json()
@@ -192,14 +208,14 @@ def _judge_error(plan: Plan, resp, payload: str) -> tuple[str, str]:
     return BAD, f"HTTP {resp.status}: {payload[:120]}"
 
 
-async def _drive(url: str, plans: list[Plan], concurrency: int, timeout: float) -> list[Outcome]:
+async def _drive(url: str, plans: list[Plan], concurrency: int, timeout: float, retries: int) -> list[Outcome]:
     import aiohttp
 
     gate = asyncio.Semaphore(concurrency)
 
     async def one(plan: Plan) -> Outcome:
         async with gate:
-            return await _send(session, url, plan, timeout)
+            return await _send_with_retries(session, url, plan, timeout, retries)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -247,6 +263,7 @@ class LoadReport:
     seconds: float
     counts: dict[str, int]  # "<kind>/<result>" -> requests
     server: dict[str, float]  # the counters read after the run (deltas over it)
+    responses_503: int  # 503 + Retry-After answers the clients got, retried ones included
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
 
     @property
@@ -290,7 +307,38 @@ def check(outcomes: list[Outcome], before: dict, after: dict, health: int) -> li
     ]
 
 
-def run(cfg: LoadConfig, progress=None) -> LoadReport:
+def _stats(url: str) -> dict | None:
+    """A quantkit server's /stats (admitted and refused counts); None from other servers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/stats", timeout=30) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, json.JSONDecodeError):
+        return None
+
+
+def exact_checks(outcomes: list[Outcome], before: dict, after: dict, stats_before: dict | None,
+                 stats_after: dict | None) -> list[tuple[str, bool, str]]:
+    """With a quantkit server's admission counts the accounting is exact, not bounded."""
+    if stats_before is None or stats_after is None:
+        return []
+    admitted = stats_after["admitted_requests"] - stats_before["admitted_requests"]
+    refused = stats_after["refused_calls"] - stats_before["refused_calls"]
+    ended = sum(after.get(k, 0) - before.get(k, 0) for k in (
+        "vllm:request_success_total{stop}", "vllm:request_success_total{length}", "vllm:request_success_total{abort}"))
+    seen_503 = sum(o.attempts - 1 + (o.result == REFUSED) for o in outcomes)
+    completed = sum(o.result == OK for o in outcomes)
+    left = sum(o.result == LEFT for o in outcomes)
+    return [("admitted = finished + aborted (server)", admitted == ended, f"{admitted} admitted, {ended:.0f} ended"),
+            ("503s clients saw <= refusals the server made <= those + clients that left",
+             seen_503 <= refused <= seen_503 + left, f"{seen_503} seen, {refused} made"),
+            ("completed <= admitted <= completed + clients that left", completed <= admitted <= completed + left,
+             f"{admitted} admitted, {completed} completed, {left} left")]
+
+
+def run(cfg: LoadConfig) -> LoadReport:
     server = None
     url = cfg.url.rstrip("/").removesuffix("/v1") if cfg.url else None
     if url is None:
@@ -311,10 +359,12 @@ def run(cfg: LoadConfig, progress=None) -> LoadReport:
         plans = make_plans(cfg, model)
         before = _scrape(url)
         start = time.perf_counter()
-        outcomes = asyncio.run(_drive(url, plans, cfg.concurrency, cfg.request_timeout))
+        stats_before = _stats(url)
+        outcomes = asyncio.run(_drive(url, plans, cfg.concurrency, cfg.request_timeout, cfg.retries))
         seconds = time.perf_counter() - start
         after = _wait_idle(url)
         checks = check(outcomes, before, after, _health(url))
+        checks += exact_checks(outcomes, before, after, stats_before, _stats(url))
         if server is not None:
             engine = server.app.state.engine_loop.engine
             bm = engine.block_manager
@@ -328,7 +378,8 @@ def run(cfg: LoadConfig, progress=None) -> LoadReport:
             "vllm:num_preemptions_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")}
         server_numbers["completed_prompt_tokens"] = sum(o.prompt_tokens for o in outcomes if o.result == OK)
         server_numbers["completed_completion_tokens"] = sum(o.completion_tokens for o in outcomes if o.result == OK)
-        return LoadReport(seconds, dict(sorted(counts.items())), server_numbers, checks)
+        responses_503 = sum(o.attempts - 1 + (o.result == REFUSED) for o in outcomes)
+        return LoadReport(seconds, dict(sorted(counts.items())), server_numbers, responses_503, checks)
     finally:
         if server is not None:
             server.stop()

@@ -79,6 +79,8 @@ class EngineLoop:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.error: str | None = None  # set when the engine raised; the server is then unhealthy
+        self.num_admitted = 0  # requests queued on the engine (written by the loop thread only)
+        self.num_refused = 0  # HTTP calls refused because the waiting queue was full
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         self._stop = threading.Event()
@@ -141,6 +143,7 @@ class EngineLoop:
     def _add(self, item: _Add) -> None:
         num_waiting = len(self.engine.scheduler.waiting)
         if num_waiting + len(item.submissions) > self.max_waiting:
+            self.num_refused += 1
             item.sink(Refused(num_waiting))
             return
         added = []
@@ -155,6 +158,7 @@ class EngineLoop:
             return
         for request_id in added:
             self._live[request_id] = _Live(self.engine.requests[request_id], item.sink)
+        self.num_admitted += len(added)
         item.sink(Admitted())
 
     def _abort(self, request_id: str) -> None:
