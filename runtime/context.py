@@ -17,3 +17,6 @@ class ForwardContext:
     batch_size: int
     max_query_len: int
     block_size: int
+    # [B] tokens each sequence attends to after this step (computed + scheduled); None: the decode kernel
+    # takes positions + 1, which is the same for one query per sequence.
+    context_lens: torch.Tensor | None = None

@@ -103,6 +103,7 @@ class ModelRunner:
         self.kv_cache = _zeros(shape, torch.uint8 if fp8 else self.dtype, self.device)
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+            attn.kernels = self.config.kernels
             if fp8:
                 attn.k_scale, attn.v_scale = kv_scales.get(i, (1.0, 1.0))
 

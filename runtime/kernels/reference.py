@@ -42,3 +42,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     k, v: [B, kv_heads, L, D], mask: [B, 1, group * Q, L] bool (True attends). Returns q's shape.
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+                           k_scale: float | None = None, v_scale: float | None = None) -> torch.Tensor:
+    """One query per sequence, q [B, heads, D] -> [B, heads, D], over each sequence's first context_lens[b]
+    cached tokens (the reference of kernels.paged_attention; PagedAttention's decode path computes the same)."""
+    b, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    keys = read_kv(k_cache, block_tables, block_size, q.dtype, k_scale).transpose(1, 2)
+    values = read_kv(v_cache, block_tables, block_size, q.dtype, v_scale).transpose(1, 2)
+    mask = torch.arange(keys.shape[2], device=q.device)[None, :] < context_lens[:, None].to(q.device)
+    out = paged_attention(q.view(b, kv_heads, heads // kv_heads, dim), keys, values, mask[:, None, None, :], scale)
+    return out.reshape(b, heads, dim)

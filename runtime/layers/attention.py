@@ -1,4 +1,7 @@
-"""Attention over the paged KV cache: write this step's K/V by slot, then attend over each sequence's blocks."""
+"""Attention over the paged KV cache: write this step's K/V by slot, then attend over each sequence's blocks.
+
+With the Triton kernels on (see kernels/dispatch.py) K/V are written by the Triton KV-write kernel and a decode
+step (one query per sequence) runs the paged decode kernel; prefill and mixed steps stay on the torch path."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import torch
 from torch import nn
 
 from quantkit.runtime.context import ForwardContext
-from quantkit.runtime.kernels import reference
+from quantkit.runtime.kernels import dispatch, reference
 
 
 class PagedAttention(nn.Module):
@@ -20,11 +23,20 @@ class PagedAttention(nn.Module):
         self.v_cache: torch.Tensor | None = None
         self.k_scale: float | None = None
         self.v_scale: float | None = None
+        self.kernels: str | None = None  # EngineConfig.kernels; None: QUANTKIT_KERNELS (dispatch.kernel_mode)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """q: [T, heads, D], k and v: [T, kv_heads, D] -> [T, heads * D]."""
-        reference.write_kv(self.k_cache, k, ctx.slot_mapping, self.k_scale)
-        reference.write_kv(self.v_cache, v, ctx.slot_mapping, self.v_scale)
+        triton = dispatch.use_triton(self.kernels, q.device)
+        mode = "triton" if triton else "reference"
+        dispatch.write_kv(self.k_cache, k, ctx.slot_mapping, self.k_scale, mode)
+        dispatch.write_kv(self.v_cache, v, ctx.slot_mapping, self.v_scale, mode)
+        if triton and ctx.max_query_len == 1:
+            # Decode: sequence b's one query sits at position p, so it attends to p + 1 tokens.
+            lens = ctx.context_lens if ctx.context_lens is not None else ctx.positions + 1
+            out = dispatch.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables, lens,
+                                                  ctx.block_size, self.scale, self.k_scale, self.v_scale, mode)
+            return out.reshape(ctx.batch_size, self.num_heads * self.head_dim)
         b, qlen, h, kvh, g, d = ctx.batch_size, ctx.max_query_len, self.num_heads, self.num_kv_heads, self.group, self.head_dim
         keys = reference.read_kv(self.k_cache, ctx.block_tables, ctx.block_size, q.dtype, self.k_scale)
         values = reference.read_kv(self.v_cache, ctx.block_tables, ctx.block_size, q.dtype, self.v_scale)
