@@ -137,7 +137,7 @@ def _pick_config(x, qweight, scales, zeros, g_idx, group_size, out) -> Int4Confi
     small = m <= SMALL_M
     if interpreting():
         return INTERPRETER_CONFIGS[small]
-    key = (triton.next_power_of_2(m), n, k, group_size, g_idx is not None, x.dtype, x.device)
+    key = _tuning_key(x, qweight, g_idx, group_size)
     if key not in _TUNED:
         from triton.runtime.errors import OutOfResources
         from triton.testing import do_bench
@@ -151,6 +151,17 @@ def _pick_config(x, qweight, scales, zeros, g_idx, group_size, out) -> Int4Confi
                 continue
         _TUNED[key] = min(times, key=times.get)
     return _TUNED[key]
+
+
+def tuned_config(x: torch.Tensor, qweight: torch.Tensor, g_idx: torch.Tensor | None,
+                 group_size: int) -> Int4Config | None:
+    """The configuration tuning chose for calls like this one (None before the first such call)."""
+    return _TUNED.get(_tuning_key(x, qweight, g_idx, group_size))
+
+
+def _tuning_key(x, qweight, g_idx, group_size) -> tuple:
+    return triton.next_power_of_2(x.shape[0]), qweight.shape[1], x.shape[1], group_size, g_idx is not None, \
+        x.dtype, x.device
 
 
 def _check(x, qweight, scales, zeros, g_idx, group_size) -> None:
