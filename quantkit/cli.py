@@ -556,16 +556,16 @@ def bench_serve_load(
     model: str = typer.Option("smollm2-135m", help="Served in-process unless --url is given."),
     url: Optional[str] = typer.Option(None, help="Load a running server instead of starting one."),
     num_requests: int = typer.Option(300),
-    concurrency: int = typer.Option(48, help="Clients in flight."),
+    concurrency: int = typer.Option(32, help="Clients in flight."),
     disconnect_fraction: float = typer.Option(0.15, help="Share of clients that leave mid-request."),
     invalid_fraction: float = typer.Option(0.10, help="Share of invalid requests."),
     max_num_seqs: int = typer.Option(16, help="In-process server: running batch size."),
-    max_waiting: int = typer.Option(24, help="In-process server: waiting queue bound (503 beyond it)."),
+    max_waiting: int = typer.Option(8, help="In-process server: waiting queue bound (503 beyond it)."),
     num_kv_blocks: int = typer.Option(256, help="In-process server: KV blocks (small, so preemption happens)."),
     max_model_len: int = typer.Option(1024, help="In-process server: max_model_len."),
-    max_prompt_words: int = typer.Option(300, help="Longest valid prompt, in words (keep it under max_model_len)."),
-    max_output_tokens: int = typer.Option(48),
-    retries: int = typer.Option(3, help="Times a client retries a 503 after its Retry-After."),
+    max_prompt_words: int = typer.Option(200, help="Longest valid prompt, in words (keep it under max_model_len)."),
+    max_output_tokens: int = typer.Option(32),
+    retry_for: float = typer.Option(60.0, help="Seconds a client keeps retrying 503s, waiting Retry-After each time."),
     threads: int = typer.Option(1, help="In-process server: torch threads."),
     seed: int = typer.Option(0),
     out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
@@ -577,7 +577,7 @@ def bench_serve_load(
                             disconnect_fraction=disconnect_fraction, invalid_fraction=invalid_fraction,
                             max_num_seqs=max_num_seqs, max_waiting=max_waiting, num_kv_blocks=num_kv_blocks,
                             max_model_len=max_model_len, max_prompt_words=max_prompt_words,
-                            max_output_tokens=max_output_tokens, retries=retries, threads=threads, seed=seed))
+                            max_output_tokens=max_output_tokens, retry_for=retry_for, threads=threads, seed=seed))
     table = Table(title=f"{num_requests} requests in {report.seconds:.1f} s")
     table.add_column("requests (kind/result)")
     table.add_column("n", justify="right")

@@ -27,18 +27,18 @@ class LoadConfig:
     model: str = "smollm2-135m"
     url: str | None = None  # None: start a server in-process
     num_requests: int = 300
-    concurrency: int = 48
+    concurrency: int = 32
     disconnect_fraction: float = 0.15
     invalid_fraction: float = 0.10
-    max_prompt_words: int = 300
-    max_output_tokens: int = 48
+    max_prompt_words: int = 200
+    max_output_tokens: int = 32
     request_timeout: float = 300.0  # a valid request slower than this counts as hung
-    retries: int = 3  # times a client retries a 503 after its Retry-After
+    retry_for: float = 60.0  # seconds a client keeps retrying 503s (after each Retry-After) before giving up
     seed: int = 0
     # the in-process server
     max_model_len: int = 1024
     max_num_seqs: int = 16
-    max_waiting: int = 24
+    max_waiting: int = 8
     num_kv_blocks: int = 256
     threads: int = 1
 
@@ -117,15 +117,18 @@ def _break(body: dict, rng: random.Random, cfg: LoadConfig) -> dict | str:
     return body
 
 
-async def _send_with_retries(session, url: str, plan: Plan, timeout: float, retries: int) -> Outcome:
-    """Like a well-behaved client: a 503 is retried after its Retry-After, `retries` times at most."""
-    for attempt in range(retries + 1):
+async def _send_with_retries(session, url: str, plan: Plan, timeout: float, retry_for: float) -> Outcome:
+    """Like a well-behaved client: a 503 is retried after its Retry-After for up to `retry_for` seconds;
+    a request still refused then counts as cleanly refused."""
+    start = time.monotonic()
+    attempts = 0
+    while True:
         out = await _send(session, url, plan, timeout)
-        out.attempts = attempt + 1
-        if out.result != REFUSED or attempt == retries:
+        attempts += 1
+        out.attempts = attempts
+        if out.result != REFUSED or time.monotonic() + out.retry_after - start > retry_for:
             return out
         await asyncio.sleep(out.retry_after)
-    return out
 
 
 async def _send(session, url: str, plan: Plan, timeout: float) -> Outcome:
@@ -208,14 +211,14 @@ def _judge_error(plan: Plan, resp, payload: str) -> tuple[str, str]:
     return BAD, f"HTTP {resp.status}: {payload[:120]}"
 
 
-async def _drive(url: str, plans: list[Plan], concurrency: int, timeout: float, retries: int) -> list[Outcome]:
+async def _drive(url: str, plans: list[Plan], concurrency: int, timeout: float, retry_for: float) -> list[Outcome]:
     import aiohttp
 
     gate = asyncio.Semaphore(concurrency)
 
     async def one(plan: Plan) -> Outcome:
         async with gate:
-            return await _send_with_retries(session, url, plan, timeout, retries)
+            return await _send_with_retries(session, url, plan, timeout, retry_for)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -360,7 +363,7 @@ def run(cfg: LoadConfig) -> LoadReport:
         before = _scrape(url)
         start = time.perf_counter()
         stats_before = _stats(url)
-        outcomes = asyncio.run(_drive(url, plans, cfg.concurrency, cfg.request_timeout, cfg.retries))
+        outcomes = asyncio.run(_drive(url, plans, cfg.concurrency, cfg.request_timeout, cfg.retry_for))
         seconds = time.perf_counter() - start
         after = _wait_idle(url)
         checks = check(outcomes, before, after, _health(url))
