@@ -31,15 +31,21 @@ class Int4Config:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    # Unpacking: False loads each packed word once and repeats it in registers (a reshape the compiler may
+    # route through shared memory); True loads it once per row it holds (8 loads that L1 serves). Which
+    # is faster depends on the GPU and tiling, so both are tuning candidates.
+    reload: bool = False
 
 
 # Hopper (H100/H200) candidates. Decode: narrow N tiles and split-K trade partial-sum traffic for more
 # programs in flight; BLOCK_K up to 128 loads 64 contiguous bytes of packed weights per column per step.
-SMALL_M_CONFIGS = [Int4Config(SMALL_M, bn, bk, split, 4, 4)
+SMALL_M_CONFIGS = [Int4Config(SMALL_M, bn, bk, split, 4, 4, reload) for reload in (False, True)
                    for bn in (32, 64, 128) for bk in (32, 64, 128) for split in (1, 2, 4)]
-LARGE_M_CONFIGS = [Int4Config(bm, bn, bk, 1, warps, stages) for bm, bn, bk, warps, stages in (
-    (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 128, 8, 3), (128, 64, 64, 4, 4),
-    (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 256, 64, 8, 3), (128, 256, 64, 8, 3))]
+LARGE_M_CONFIGS = [Int4Config(bm, bn, bk, 1, warps, stages, reload) for reload in (False, True)
+                   for bm, bn, bk, warps, stages in (
+                       (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 128, 8, 3),
+                       (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 256, 64, 8, 3),
+                       (128, 256, 64, 8, 3))]
 # The interpreter's: small, and split-K on, so tests run both the split and the summing kernel.
 INTERPRETER_CONFIGS = {True: Int4Config(SMALL_M, 32, 32, 2), False: Int4Config(16, 32, 32, 1)}
 _TUNED: dict[tuple, Int4Config] = {}
@@ -49,7 +55,7 @@ _TUNED: dict[tuple, Int4Config] = {}
 def _int4_mm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_xm,
                     GROUP_SIZE: tl.constexpr, HAS_GIDX: tl.constexpr, PER_ROW_GROUPS: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, RELOAD: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,11 +71,15 @@ def _int4_mm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride
         k_mask = offs_k < K
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0).to(DOT_DTYPE)
-        rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :],
-                         mask=(rows < K // 8)[:, None] & n_mask[None, :], other=0)
         # Tile row k is nibble k % 8 of packed row k // 8: repeat each packed row 8 times, shift, mask.
-        q = tl.reshape(tl.broadcast_to(packed[:, None, :], (BLOCK_K // 8, 8, BLOCK_N)), (BLOCK_K, BLOCK_N))
+        if RELOAD:
+            q = tl.load(qw_ptr + (offs_k // 8)[:, None] * N + offs_n[None, :],
+                        mask=k_mask[:, None] & n_mask[None, :], other=0)
+        else:
+            rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            packed = tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :],
+                             mask=(rows < K // 8)[:, None] & n_mask[None, :], other=0)
+            q = tl.reshape(tl.broadcast_to(packed[:, None, :], (BLOCK_K // 8, 8, BLOCK_N)), (BLOCK_K, BLOCK_N))
         q = (q >> shifts) & 0xF
         if PER_ROW_GROUPS:  # act-order g_idx, or groups narrower than the tile: a scale per weight
             if HAS_GIDX:
@@ -125,7 +135,7 @@ def _launch(cfg: Int4Config, x, qweight, scales, zeros, g_idx, group_size, out) 
         GROUP_SIZE=group_size, HAS_GIDX=g_idx is not None,
         PER_ROW_GROUPS=g_idx is not None or group_size % cfg.block_k != 0,
         DOT_DTYPE=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, RELOAD=cfg.reload, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         block = 1024
@@ -142,8 +152,11 @@ def _pick_config(x, qweight, scales, zeros, g_idx, group_size, out) -> Int4Confi
         from triton.runtime.errors import OutOfResources
         from triton.testing import do_bench
 
+        candidates = SMALL_M_CONFIGS if small else LARGE_M_CONFIGS
+        if g_idx is None:  # tiles inside one group (a scale per column, not per weight) where possible
+            candidates = [c for c in candidates if group_size % c.block_k == 0] or candidates
         times = {}
-        for cfg in SMALL_M_CONFIGS if small else LARGE_M_CONFIGS:
+        for cfg in candidates:
             try:
                 times[cfg] = do_bench(lambda: _launch(cfg, x, qweight, scales, zeros, g_idx, group_size, out),
                                       warmup=5, rep=20)
@@ -160,8 +173,9 @@ def tuned_config(x: torch.Tensor, qweight: torch.Tensor, g_idx: torch.Tensor | N
 
 
 def _tuning_key(x, qweight, g_idx, group_size) -> tuple:
-    return triton.next_power_of_2(x.shape[0]), qweight.shape[1], x.shape[1], group_size, g_idx is not None, \
-        x.dtype, x.device
+    m = x.shape[0]  # every M <= 16 runs the same 16-row tile: one tuning serves all decode batch sizes
+    bucket = SMALL_M if m <= SMALL_M else triton.next_power_of_2(m)
+    return bucket, qweight.shape[1], x.shape[1], group_size, g_idx is not None, x.dtype, x.device
 
 
 def _check(x, qweight, scales, zeros, g_idx, group_size) -> None:

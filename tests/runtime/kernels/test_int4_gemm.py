@@ -72,7 +72,9 @@ def test_group_sizes_symmetry_and_act_order(m, group, symmetric, act_order):
     Int4Config(16, 64, 64, split_k=3),  # tile of 64 rows over groups of 32: a scale per row
     Int4Config(16, 16, 128, split_k=1),
     Int4Config(32, 32, 64, split_k=1),
-], ids=lambda c: f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}")
+    Int4Config(16, 32, 32, split_k=4, reload=True),  # packed words loaded per row
+    Int4Config(32, 64, 64, split_k=2, reload=True),
+], ids=lambda c: f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}{'r' if c.reload else ''}")
 def test_tilings_with_k_tail(config):
     # K = 136 = 4 groups of 32 + 8 rows: the last tile is mostly masked, the last group one packed row
     check_against_reference(5, 40, 136, 32, symmetric=False, act_order=False, dtype=torch.float16, config=config)
