@@ -11,6 +11,10 @@ from torch import nn
 from quantkit.runtime.context import ForwardContext
 from quantkit.runtime.kernels import dispatch, reference
 
+# Scales taken from the first batch leave this much headroom above its largest |K| (|V|): fp8 is floating
+# point, so headroom costs precision only among the smallest values, which become subnormal.
+FIRST_BATCH_HEADROOM = 2.0
+
 
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
@@ -21,12 +25,14 @@ class PagedAttention(nn.Module):
         # Set by the model runner once the cache is allocated.
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
-        self.k_scale: float | None = None
+        self.k_scale: float | None = None  # fp8 cache: None until the first batch sets it (no checkpoint scales)
         self.v_scale: float | None = None
         self.kernels: str | None = None  # EngineConfig.kernels; None: QUANTKIT_KERNELS (dispatch.kernel_mode)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """q: [T, heads, D], k and v: [T, kv_heads, D] -> [T, heads * D]."""
+        if self.k_cache.dtype == torch.uint8 and self.k_scale is None:
+            self.k_scale, self.v_scale = first_batch_scale(k), first_batch_scale(v)
         triton = dispatch.use_triton(self.kernels, q.device)
         mode = "triton" if triton else "reference"
         dispatch.write_kv(self.k_cache, k, ctx.slot_mapping, self.k_scale, mode)
@@ -52,3 +58,8 @@ class PagedAttention(nn.Module):
             return out.reshape(b, h * d)
         out = out.view(b, kvh, g, qlen, d).permute(0, 3, 1, 2, 4).reshape(b * qlen, h * d)
         return out[ctx.query_index]
+
+
+def first_batch_scale(x: torch.Tensor) -> float:
+    """An fp8 KV scale from the values of one batch: max |x| * headroom lands on fp8's largest value, 448."""
+    return max(float(x.abs().max()), 1e-6) * FIRST_BATCH_HEADROOM / reference.FP8_MAX
