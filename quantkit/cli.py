@@ -596,5 +596,60 @@ def bench_serve_load(
         raise typer.Exit(1)
 
 
+@bench_app.command("serve-eval", epilog="Example: quantkit bench serve-eval --task meeting_owner_gen --limit 40")
+def bench_serve_eval(
+    model: str = typer.Option("smollm2-135m"),
+    task: str = typer.Option("meeting_owner_gen", help="A shipped generate_until task."),
+    limit: Optional[int] = typer.Option(None, help="Items to evaluate (default: all)."),
+    num_concurrent: int = typer.Option(8, help="Requests lm-eval keeps in flight."),
+    threads: int = typer.Option(1, help="torch threads."),
+    out: Optional[Path] = typer.Option(None, help="Write the JSON result here."),
+) -> None:
+    """lm-eval local-completions against quantkit serve vs the in-process eval: accuracy, item agreement."""
+    from quantkit.bench.serve_eval import run
+
+    result = run(model, task, limit, num_concurrent, threads=threads)
+    table = Table(title=f"{result.task} ({result.items} items, {result.metric})")
+    for column in ("path", "accuracy", "seconds"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    table.add_row(f"lm-eval local-completions -> quantkit serve ({result.num_concurrent} in flight)",
+                  f"{result.server_accuracy:.2%}", f"{result.server_seconds:.1f}")
+    table.add_row("in-process (HFLM, transformers)", f"{result.in_process_accuracy:.2%}",
+                  f"{result.in_process_seconds:.1f}")
+    console.print(table)
+    console.print(f"items scored the same: {result.items_that_agree}/{result.items}")
+    if out:
+        out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+
+
+@bench_app.command("ladder", epilog="Example: quantkit bench ladder --out ladder/")
+def bench_ladder(
+    model: str = typer.Option("smollm2-135m"),
+    num_requests: int = typer.Option(32, help="Requests, all arriving at t=0, sharing one system prompt."),
+    batch_size: int = typer.Option(8, help="Static batch size, and max_num_seqs before tuning."),
+    kv_budget_mib: float = typer.Option(48.0, help="KV-cache memory budget for every engine row."),
+    tune: str = typer.Option("16,32", help="max_num_seqs values tried in the last step."),
+    threads: int = typer.Option(1, help="torch threads for every row."),
+    out: Path = typer.Option(Path("ladder"), help="Directory for ladder.md, ladder.png and ladder.json."),
+) -> None:
+    """Static batching -> continuous batching -> FP8 KV -> prefix caching -> tuned max_num_seqs, one workload."""
+    from quantkit.bench.ladder import markdown, plot, run_ladder
+
+    try:
+        tried = tuple(int(v) for v in tune.split(",") if v.strip())
+    except ValueError as exc:
+        raise QuantkitError(f"--tune {tune!r}: expected integers like 16,32") from exc
+    with err_console.status("ladder") as status:
+        result = run_ladder(model, num_requests, batch_size, kv_budget_mib, tried, threads,
+                            progress=lambda step: status.update(f"ladder: {step}"))
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(result)
+    (out / "ladder.md").write_text(table)
+    (out / "ladder.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    plot(result, out / "ladder.png")
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"{result.seconds:.0f} s in all; wrote {out}/ladder.md, ladder.png, ladder.json", highlight=False)
+
+
 if __name__ == "__main__":
     main()

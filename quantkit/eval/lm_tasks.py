@@ -108,14 +108,19 @@ class TaskRunner:
         if not self.specs:
             return {}
         go_offline()
-        from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
+
+        return self.run_lm(HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size), limit)
+
+    def run_lm(self, lm, limit: int | None = None) -> dict[str, dict[int, float]]:
+        """The same for any lm-eval LM object (e.g. local-completions against `quantkit serve`)."""
+        go_offline()
+        from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
 
         for name in ("lm_eval", "lm-eval"):
             logging.getLogger(name).setLevel(logging.ERROR)
         manager = TaskManager(include_path=self._dir.name, include_defaults=False, verbosity="ERROR")
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         results = simple_evaluate(model=lm, tasks=[s.name for s in self.specs], limit=limit, log_samples=True,
                                   task_manager=manager, bootstrap_iters=0, verbosity="ERROR",
                                   random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
