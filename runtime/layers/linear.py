@@ -74,7 +74,7 @@ class Int4Linear(nn.Module):
         elif self.backend == "triton":
             from quantkit.runtime.kernels import dispatch
 
-            y = dispatch.int4_matmul(x, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size)
+            y = dispatch.int4_matmul(x, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size, "triton")
         else:
             w = dequantize_int4(self.qweight, self.scales, self.zeros, self.g_idx, self.group_size, x.dtype)
             y = x @ w

@@ -79,10 +79,6 @@ def int4_checkpoint(tiny_model, tmp_path_factory):
     return out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="Int4Linear's triton backend calls dispatch.int4_matmul without mode='triton', so with "
-                          "kernels='triton' and QUANTKIT_KERNELS unset a CPU run takes the reference; passes "
-                          "once the layer passes its mode (checked with QUANTKIT_KERNELS=triton)")
 def test_int4_checkpoint_greedy_outputs_equal_the_reference_path(make_llm, monkeypatch, int4_checkpoint):
     """Int4Linear on the Triton INT4 GEMM (float32 activations: ieee dots) against its per-call dequantizing
     reference, and the attention kernels with it."""
