@@ -135,35 +135,44 @@ def _launch(cfg: Int4Config, x, qweight, scales, zeros, g_idx, group_size, out) 
         GROUP_SIZE=group_size, HAS_GIDX=g_idx is not None,
         PER_ROW_GROUPS=g_idx is not None or group_size % cfg.block_k != 0,
         DOT_DTYPE=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, RELOAD=cfg.reload, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, RELOAD=cfg.reload,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, SPLIT_K=cfg.split_k, BLOCK=block)
 
 
 def _pick_config(x, qweight, scales, zeros, g_idx, group_size, out) -> Int4Config:
-    (m, k), n = x.shape, qweight.shape[1]
-    small = m <= SMALL_M
+    small = x.shape[0] <= SMALL_M
     if interpreting():
         return INTERPRETER_CONFIGS[small]
     key = _tuning_key(x, qweight, g_idx, group_size)
     if key not in _TUNED:
-        from triton.runtime.errors import OutOfResources
-        from triton.testing import do_bench
-
-        candidates = SMALL_M_CONFIGS if small else LARGE_M_CONFIGS
-        if g_idx is None:  # tiles inside one group (a scale per column, not per weight) where possible
-            candidates = [c for c in candidates if group_size % c.block_k == 0] or candidates
-        times = {}
-        for cfg in candidates:
-            try:
-                times[cfg] = do_bench(lambda: _launch(cfg, x, qweight, scales, zeros, g_idx, group_size, out),
-                                      warmup=5, rep=20)
-            except OutOfResources:  # too much shared memory for this tiling
-                continue
-        _TUNED[key] = min(times, key=times.get)
+        _TUNED[key] = _fastest(candidates(small, group_size, g_idx is not None),
+                               x, qweight, scales, zeros, g_idx, group_size, out)
     return _TUNED[key]
+
+
+def candidates(small: bool, group_size: int, has_g_idx: bool) -> list[Int4Config]:
+    """The configurations tuning times. Without g_idx, tiles inside one group (a scale per column rather than
+    per weight), and 32-row tiles only for groups that narrow: compiling is most of a first call's cost."""
+    configs = SMALL_M_CONFIGS if small else LARGE_M_CONFIGS
+    if has_g_idx:
+        return configs
+    return [c for c in configs if group_size % c.block_k == 0 and (c.block_k >= 64 or group_size < 64)] or configs
+
+
+def _fastest(configs: list[Int4Config], *args) -> Int4Config:
+    from triton.runtime.errors import OutOfResources
+    from triton.testing import do_bench
+
+    times = {}
+    for cfg in configs:
+        try:
+            times[cfg] = do_bench(lambda: _launch(cfg, *args), warmup=5, rep=20)
+        except OutOfResources:  # too much shared memory for this tiling
+            continue
+    return min(times, key=times.get)
 
 
 def tuned_config(x: torch.Tensor, qweight: torch.Tensor, g_idx: torch.Tensor | None,

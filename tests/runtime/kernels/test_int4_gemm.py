@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from quantkit.runtime.kernels.int4_gemm import INTERPRETER_CONFIGS, SMALL_M, Int4Config, int4_matmul  # noqa: E402
+from quantkit.runtime.kernels.int4_gemm import (INTERPRETER_CONFIGS, LARGE_M_CONFIGS, SMALL_M,  # noqa: E402
+                                              SMALL_M_CONFIGS, Int4Config, int4_matmul)
 from quantkit.runtime.kernels.int4_layout import dequantize_int4, int4_matmul_reference, pack_int4  # noqa: E402
 from tests.runtime.kernels.conftest import (DEVICE, assert_within_one_ulp, dot_error_bound,  # noqa: E402
                                             interpreted, poisoned_allocations, sqnr_db)
@@ -104,3 +105,45 @@ def test_checks_name_the_problem():
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             int4_matmul(*args)
+
+
+def distinct_tilings(configs: list[Int4Config]) -> list[Int4Config]:
+    """One config per tiling and unpacking (warps and stages change nothing in the interpreter)."""
+    seen = {}
+    for c in configs:
+        seen.setdefault((c.block_m, c.block_n, c.block_k, c.reload), c)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("config", distinct_tilings(SMALL_M_CONFIGS) + distinct_tilings(LARGE_M_CONFIGS),
+                         ids=lambda c: f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}{'r' if c.reload else ''}")
+def test_every_gpu_tuning_candidate_computes_the_product(config):
+    # groups of 64: K tiles of 128 take the scale-per-row path, narrower ones the per-tile one
+    m = 3 if config.block_m == SMALL_M else 20
+    check_against_reference(m, 72, 256, 64, symmetric=False, act_order=False, dtype=torch.float16, config=config)
+
+
+def test_tuning_candidates_and_the_fastest(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    from quantkit.runtime.kernels import int4_gemm
+
+    assert {c.block_k for c in int4_gemm.candidates(True, 128, False)} == {64, 128}
+    assert {c.block_k for c in int4_gemm.candidates(True, 32, False)} == {32}
+    assert {c.block_k for c in int4_gemm.candidates(False, 48, False)} == {32, 64, 128}  # no tile fits: any
+    assert int4_gemm.candidates(False, 128, True) == LARGE_M_CONFIGS
+    configs = int4_gemm.candidates(True, 64, False)[:4]
+    timings = iter([3.0, OutOfResources(1, 2, "shared"), 1.0, 2.0])
+
+    def fake_do_bench(fn, **_):
+        fn()  # the launch really runs (interpreted)
+        t = next(timings)
+        if isinstance(t, Exception):
+            raise t
+        return t
+
+    monkeypatch.setattr("triton.testing.do_bench", fake_do_bench)
+    qweight, scales, zeros, _ = make_weights(40, 128, 64, False, False, torch.float16, seed=5)
+    x = torch.randn(2, 128, dtype=torch.float16, device=DEVICE)
+    out = torch.empty(2, 40, dtype=torch.float16, device=DEVICE)
+    assert int4_gemm._fastest(configs, x, qweight, scales, zeros, None, 64, out) == configs[2]
