@@ -10,7 +10,8 @@
   context 1k..16k: time, GB/s of K/V read, fp8 speed-up; target: fp8 faster from 4k on.
 Times are triton.testing.do_bench medians with the L2 flushed before each run (cold weights, as in decode).
 Each kernel is checked against its torch reference (SQNR in dB) before it is timed. Prints a table; writes
-gpu_kernels.json into $OUT when set. Needs CUDA and triton; about 3-5 minutes on an H100/H200, mostly tuning.
+gpu_kernels.json into $OUT when set. Needs CUDA and triton; about 3-6 minutes on an H100/H200, most of it
+compiling the ~100 INT4 tuning candidates (M = 1, M <= 16 and larger M have their own).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """W4A16 INT4 GEMM in Triton over the runtime INT4 layout (int4_layout.py holds the layout and the torch
 reference this kernel must reproduce).
 
-One kernel body, two launch shapes:
+One kernel body, three launch shapes:
+- M = 1 may also run as a GEMV without tl.dot (BLOCK_M = 1): float32 products accumulate in registers and are
+  summed over K once at the end, with no tensor-core operand shuffling; tuning decides against the next one.
 - small M (decode, M <= 16): one 16-row tile (tl.dot's minimum), narrow N tiles and split-K, so a GEMV over a
   4096-wide layer still keeps every SM streaming packed weights: that read is what bounds it.
 - larger M (prefill): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] output tile.
@@ -41,13 +43,16 @@ class Int4Config:
 # programs in flight; BLOCK_K up to 128 loads 64 contiguous bytes of packed weights per column per step.
 SMALL_M_CONFIGS = [Int4Config(SMALL_M, bn, bk, split, 4, 4, reload) for reload in (False, True)
                    for bn in (32, 64, 128) for bk in (32, 64, 128) for split in (1, 2, 4)]
+GEMV_CONFIGS = [Int4Config(1, bn, bk, split, warps, 4) for bn, warps in ((64, 4), (128, 8))
+                for bk in (32, 64, 128) for split in (1, 2, 4)]
 LARGE_M_CONFIGS = [Int4Config(bm, bn, bk, 1, warps, stages, reload) for reload in (False, True)
                    for bm, bn, bk, warps, stages in (
                        (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 128, 8, 3),
                        (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 256, 64, 8, 3),
                        (128, 256, 64, 8, 3))]
 # The interpreter's: small, and split-K on, so tests run both the split and the summing kernel.
-INTERPRETER_CONFIGS = {True: Int4Config(SMALL_M, 32, 32, 2), False: Int4Config(16, 32, 32, 1)}
+INTERPRETER_CONFIGS = {1: Int4Config(1, 32, 32, 2), SMALL_M: Int4Config(SMALL_M, 32, 32, 2),
+                       "large": Int4Config(16, 32, 32, 1)}
 _TUNED: dict[tuple, Int4Config] = {}
 
 
@@ -66,6 +71,7 @@ def _int4_mm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride
     k_end = tl.minimum(K, k_start + k_per_split)
     shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_k = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)  # GEMV (BLOCK_M == 1): summed over K at the end
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -90,15 +96,23 @@ def _int4_mm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride
             w_mask = k_mask[:, None] & n_mask[None, :]
             s = tl.load(s_ptr + at, mask=w_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + at, mask=w_mask, other=0).to(tl.int32)
-            w = ((q - z).to(tl.float32) * s).to(DOT_DTYPE)
-            acc += tl.dot(x, w, input_precision=PRECISION)
+            w = (q - z).to(tl.float32) * s
+            if BLOCK_M == 1:
+                acc_k += tl.reshape(x, (BLOCK_K, 1)).to(tl.float32) * w
+            else:
+                acc += tl.dot(x, w.to(DOT_DTYPE), input_precision=PRECISION)
         else:
             # The tile lies in one group: multiply by exact integer weights, scale once per column.
             g = k0 // GROUP_SIZE
             s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
-            w = (q - z[None, :]).to(DOT_DTYPE)
-            acc += tl.dot(x, w, input_precision=PRECISION) * s[None, :]
+            w = q - z[None, :]
+            if BLOCK_M == 1:
+                acc_k += tl.reshape(x, (BLOCK_K, 1)).to(tl.float32) * w.to(tl.float32) * s[None, :]
+            else:
+                acc += tl.dot(x, w.to(DOT_DTYPE), input_precision=PRECISION) * s[None, :]
+    if BLOCK_M == 1:
+        acc = tl.reshape(tl.sum(acc_k, 0), (1, BLOCK_N))
     out = out_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(out, acc, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -143,20 +157,26 @@ def _launch(cfg: Int4Config, x, qweight, scales, zeros, g_idx, group_size, out) 
 
 
 def _pick_config(x, qweight, scales, zeros, g_idx, group_size, out) -> Int4Config:
-    small = x.shape[0] <= SMALL_M
+    bucket = _bucket(x.shape[0])
     if interpreting():
-        return INTERPRETER_CONFIGS[small]
+        return INTERPRETER_CONFIGS[bucket if bucket <= SMALL_M else "large"]
     key = _tuning_key(x, qweight, g_idx, group_size)
     if key not in _TUNED:
-        _TUNED[key] = _fastest(candidates(small, group_size, g_idx is not None),
+        _TUNED[key] = _fastest(candidates(bucket, group_size, g_idx is not None),
                                x, qweight, scales, zeros, g_idx, group_size, out)
     return _TUNED[key]
 
 
-def candidates(small: bool, group_size: int, has_g_idx: bool) -> list[Int4Config]:
-    """The configurations tuning times. Without g_idx, tiles inside one group (a scale per column rather than
-    per weight), and 32-row tiles only for groups that narrow: compiling is most of a first call's cost."""
-    configs = SMALL_M_CONFIGS if small else LARGE_M_CONFIGS
+def _bucket(m: int) -> int:
+    """M = 1 (the GEMV candidates), 2..16 (one 16-row tile, so one tuning serves them all), else a power of 2."""
+    return m if m == 1 else SMALL_M if m <= SMALL_M else triton.next_power_of_2(m)
+
+
+def candidates(bucket: int, group_size: int, has_g_idx: bool) -> list[Int4Config]:
+    """The configurations tuning times for an M bucket. Without g_idx, tiles inside one group (a scale per
+    column rather than per weight), and 32-row tiles only for groups that narrow: compiling is most of a first
+    call's cost."""
+    configs = {1: GEMV_CONFIGS + SMALL_M_CONFIGS, SMALL_M: SMALL_M_CONFIGS}.get(bucket, LARGE_M_CONFIGS)
     if has_g_idx:
         return configs
     return [c for c in configs if group_size % c.block_k == 0 and (c.block_k >= 64 or group_size < 64)] or configs
@@ -182,9 +202,7 @@ def tuned_config(x: torch.Tensor, qweight: torch.Tensor, g_idx: torch.Tensor | N
 
 
 def _tuning_key(x, qweight, g_idx, group_size) -> tuple:
-    m = x.shape[0]  # every M <= 16 runs the same 16-row tile: one tuning serves all decode batch sizes
-    bucket = SMALL_M if m <= SMALL_M else triton.next_power_of_2(m)
-    return bucket, qweight.shape[1], x.shape[1], group_size, g_idx is not None, x.dtype, x.device
+    return _bucket(x.shape[0]), qweight.shape[1], x.shape[1], group_size, g_idx is not None, x.dtype, x.device
 
 
 def _check(x, qweight, scales, zeros, g_idx, group_size) -> None:

@@ -7,8 +7,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from quantkit.runtime.kernels.int4_gemm import (INTERPRETER_CONFIGS, LARGE_M_CONFIGS, SMALL_M,  # noqa: E402
-                                              SMALL_M_CONFIGS, Int4Config, int4_matmul)
+from quantkit.runtime.kernels import int4_gemm  # noqa: E402
+from quantkit.runtime.kernels.int4_gemm import (GEMV_CONFIGS, INTERPRETER_CONFIGS, LARGE_M_CONFIGS,  # noqa: E402
+                                              SMALL_M, SMALL_M_CONFIGS, Int4Config, int4_matmul)
 from quantkit.runtime.kernels.int4_layout import dequantize_int4, int4_matmul_reference, pack_int4  # noqa: E402
 from tests.runtime.kernels.conftest import (DEVICE, assert_within_one_ulp, dot_error_bound,  # noqa: E402
                                             interpreted, poisoned_allocations, sqnr_db)
@@ -38,9 +39,11 @@ def check_against_reference(m, n, k, group, symmetric, act_order, dtype, config=
     assert not y.isnan().any(), "an output element was never written"
     # Inputs are exact in float32, so the float32 reference is the exact result up to summation order.
     # With a scale per weight (act-order, or groups narrower than the tile) the kernel rounds each weight to
-    # the dot operand dtype, as tensor cores take it; per-tile groups keep exact integer weights.
-    block_k = (config or INTERPRETER_CONFIGS[m <= SMALL_M]).block_k
-    per_row = act_order or group % block_k != 0
+    # the dot operand dtype, as tensor cores take it; per-tile groups keep exact integer weights, and so
+    # does the GEMV (float32 products, no dot).
+    bucket = int4_gemm._bucket(m)
+    config = config or INTERPRETER_CONFIGS[bucket if bucket <= SMALL_M else "large"]
+    per_row = (act_order or group % config.block_k != 0) and config.block_m != 1
     operand = torch.float32 if not per_row or (dtype == torch.bfloat16 and interpreted()) else dtype
     w = dequantize_int4(qweight, scales.float(), zeros, g_idx, group, operand).float()
     exact, bound = x.float() @ w, dot_error_bound(x, w)
@@ -75,6 +78,7 @@ def test_group_sizes_symmetry_and_act_order(m, group, symmetric, act_order):
     Int4Config(32, 32, 64, split_k=1),
     Int4Config(16, 32, 32, split_k=4, reload=True),  # packed words loaded per row
     Int4Config(32, 64, 64, split_k=2, reload=True),
+    Int4Config(1, 64, 64, split_k=3),  # GEMV over groups of 32: a scale per row
 ], ids=lambda c: f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}{'r' if c.reload else ''}")
 def test_tilings_with_k_tail(config):
     # K = 136 = 4 groups of 32 + 8 rows: the last tile is mostly masked, the last group one packed row
@@ -115,24 +119,24 @@ def distinct_tilings(configs: list[Int4Config]) -> list[Int4Config]:
     return list(seen.values())
 
 
-@pytest.mark.parametrize("config", distinct_tilings(SMALL_M_CONFIGS) + distinct_tilings(LARGE_M_CONFIGS),
+@pytest.mark.parametrize("config", distinct_tilings(GEMV_CONFIGS + SMALL_M_CONFIGS + LARGE_M_CONFIGS),
                          ids=lambda c: f"m{c.block_m}n{c.block_n}k{c.block_k}s{c.split_k}{'r' if c.reload else ''}")
 def test_every_gpu_tuning_candidate_computes_the_product(config):
     # groups of 64: K tiles of 128 take the scale-per-row path, narrower ones the per-tile one
-    m = 3 if config.block_m == SMALL_M else 20
+    m = {1: 1, SMALL_M: 3}.get(config.block_m, 20)
     check_against_reference(m, 72, 256, 64, symmetric=False, act_order=False, dtype=torch.float16, config=config)
 
 
 def test_tuning_candidates_and_the_fastest(monkeypatch):
     from triton.runtime.errors import OutOfResources
 
-    from quantkit.runtime.kernels import int4_gemm
-
-    assert {c.block_k for c in int4_gemm.candidates(True, 128, False)} == {64, 128}
-    assert {c.block_k for c in int4_gemm.candidates(True, 32, False)} == {32}
-    assert {c.block_k for c in int4_gemm.candidates(False, 48, False)} == {32, 64, 128}  # no tile fits: any
-    assert int4_gemm.candidates(False, 128, True) == LARGE_M_CONFIGS
-    configs = int4_gemm.candidates(True, 64, False)[:4]
+    assert {c.block_k for c in int4_gemm.candidates(16, 128, False)} == {64, 128}
+    assert {c.block_k for c in int4_gemm.candidates(16, 32, False)} == {32}
+    assert {c.block_k for c in int4_gemm.candidates(64, 48, False)} == {32, 64, 128}  # no tile fits: any
+    assert int4_gemm.candidates(256, 128, True) == LARGE_M_CONFIGS
+    assert {c.block_m for c in int4_gemm.candidates(1, 64, False)} == {1, SMALL_M}  # M = 1: GEMV or a tile
+    assert [int4_gemm._bucket(m) for m in (1, 2, 16, 17, 64, 100)] == [1, 16, 16, 32, 64, 128]
+    configs = int4_gemm.candidates(16, 64, False)[:4]
     timings = iter([3.0, OutOfResources(1, 2, "shared"), 1.0, 2.0])
 
     def fake_do_bench(fn, **_):
