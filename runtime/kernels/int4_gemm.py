@@ -14,6 +14,7 @@ group size) on the first call on a GPU; the interpreter runs one fixed configura
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from quantkit.runtime.kernels._triton import check, dot_dtype, dot_precision, interpreting
 
+log = logging.getLogger("quantkit.runtime")
 SMALL_M = 16  # the decode path's one row tile
 
 
@@ -183,15 +185,17 @@ def candidates(bucket: int, group_size: int, has_g_idx: bool) -> list[Int4Config
 
 
 def _fastest(configs: list[Int4Config], *args) -> Int4Config:
-    from triton.runtime.errors import OutOfResources
     from triton.testing import do_bench
 
     times = {}
     for cfg in configs:
         try:
             times[cfg] = do_bench(lambda: _launch(cfg, *args), warmup=5, rep=20)
-        except OutOfResources:  # too much shared memory for this tiling
-            continue
+        except Exception as e:  # out of shared memory, or a tiling this compiler rejects: try the others
+            log.debug("INT4 GEMM candidate %s skipped: %s", cfg, e)
+    if not times:
+        raise RuntimeError(f"no INT4 GEMM configuration compiled and ran for x {tuple(args[0].shape)}, "
+                           f"qweight {tuple(args[1].shape)}")
     return min(times, key=times.get)
 
 

@@ -151,3 +151,6 @@ def test_tuning_candidates_and_the_fastest(monkeypatch):
     x = torch.randn(2, 128, dtype=torch.float16, device=DEVICE)
     out = torch.empty(2, 40, dtype=torch.float16, device=DEVICE)
     assert int4_gemm._fastest(configs, x, qweight, scales, zeros, None, 64, out) == configs[2]
+    timings = iter([OutOfResources(1, 2, "shared")] * 2)
+    with pytest.raises(RuntimeError, match="no INT4 GEMM configuration compiled and ran"):
+        int4_gemm._fastest(configs[:2], x, qweight, scales, zeros, None, 64, out)
