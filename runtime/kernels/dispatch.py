@@ -66,14 +66,31 @@ def write_kv(cache: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, scale: f
         reference.write_kv(cache, x, slots, scale)
 
 
+def decode_attention_path(mode: str | None, q: torch.Tensor, k_cache: torch.Tensor) -> str:
+    """"triton", "native-cpu" (cpu_attention.py, under "auto" on CPU where it builds) or "reference"."""
+    if use_triton(mode, q.device):
+        return "triton"
+    if kernel_mode(mode) == "auto":
+        from quantkit.runtime.kernels import cpu_attention
+
+        if cpu_attention.supports(q, k_cache):
+            return "native-cpu"
+    return "reference"
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
                            k_scale: float | None = None, v_scale: float | None = None,
                            mode: str | None = None) -> torch.Tensor:
     """One query per sequence, q [B, heads, D] -> [B, heads, D] over the paged cache."""
     args = (q, k_cache, v_cache, block_tables, context_lens, block_size, scale, k_scale, v_scale)
-    if use_triton(mode, q.device):
+    path = decode_attention_path(mode, q, k_cache)
+    if path == "triton":
         from quantkit.runtime.kernels import paged_attention
 
         return paged_attention.paged_decode_attention(*args)
+    if path == "native-cpu":
+        from quantkit.runtime.kernels import cpu_attention
+
+        return cpu_attention.paged_decode_attention(*args)
     return reference.paged_decode_attention(*args)

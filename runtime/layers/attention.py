@@ -1,7 +1,8 @@
 """Attention over the paged KV cache: write this step's K/V by slot, then attend over each sequence's blocks.
 
 With the Triton kernels on (see kernels/dispatch.py) K/V are written by the Triton KV-write kernel and a decode
-step (one query per sequence) runs the paged decode kernel; prefill and mixed steps stay on the torch path."""
+step (one query per sequence) runs the paged decode kernel; on CPU a decode step runs the native kernel
+(kernels/cpu_attention.py) under "auto". Prefill and mixed steps stay on the torch path."""
 
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ class PagedAttention(nn.Module):
         mode = "triton" if triton else "reference"
         dispatch.write_kv(self.k_cache, k, ctx.slot_mapping, self.k_scale, mode)
         dispatch.write_kv(self.v_cache, v, ctx.slot_mapping, self.v_scale, mode)
-        if triton and ctx.max_query_len == 1:
+        if ctx.max_query_len == 1 and dispatch.decode_attention_path(self.kernels, q, self.k_cache) != "reference":
             # Decode: sequence b's one query sits at position p, so it attends to p + 1 tokens.
             lens = ctx.context_lens if ctx.context_lens is not None else ctx.positions + 1
             out = dispatch.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables, lens,
-                                                  ctx.block_size, self.scale, self.k_scale, self.v_scale, mode)
+                                                  ctx.block_size, self.scale, self.k_scale, self.v_scale,
+                                                  self.kernels)
             return out.reshape(ctx.batch_size, self.num_heads * self.head_dim)
         b, qlen, h, kvh, g, d = ctx.batch_size, ctx.max_query_len, self.num_heads, self.num_kv_heads, self.group, self.head_dim
         keys = reference.read_kv(self.k_cache, ctx.block_tables, ctx.block_size, q.dtype, self.k_scale)
