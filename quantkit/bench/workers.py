@@ -14,7 +14,10 @@ def pinned_env(threads: int) -> dict[str, str]:
 
 
 def run_worker(module: str, args: list[str], threads: int, python: str = sys.executable) -> dict:
-    cmd = [python, "-m", module, *map(str, args)] if python == sys.executable else [python, module, *map(str, args)]
+    # A peer's script runs with -P: its own directory (quantkit/bench, whose kernels.py or serve.py would shadow
+    # packages of the same name that the peer imports) stays off sys.path.
+    cmd = [python, "-m", module, *map(str, args)] if python == sys.executable else \
+        [python, "-P", module, *map(str, args)]
     done = subprocess.run(cmd, env=pinned_env(threads), capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
