@@ -400,11 +400,13 @@ def bench_vllm(
     new_tokens: int = typer.Option(16, help="Greedy tokens compared per prompt."),
     threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
     out: Optional[Path] = typer.Option(None, help="Write the JSON report here."),
+    vllm_dtype: str = typer.Option("bfloat16", help="vLLM's compute dtype: bfloat16 (its CPU kernels) or float32 "
+                                                    "(quantkit's, so near-ties do not flip)."),
 ) -> None:
     """vLLM's CPU build (in its own venv) loads each checkpoint unchanged; its greedy tokens vs quantkit's."""
     from quantkit.bench.vllm_agreement import run_bench
 
-    rows = run_bench(checkpoint, prompts, new_tokens, threads, console, out)
+    rows = run_bench(checkpoint, prompts, new_tokens, threads, console, out, vllm_dtype)
     if not all(row["passed"] for row in rows):
         raise typer.Exit(1)
 

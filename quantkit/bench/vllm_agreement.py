@@ -3,8 +3,8 @@ greedy tokens as quantkit's own model. This is the path for users who outgrow on
 not assumed.
 
 Per checkpoint: 20 prompts from the shipped eval sets (quantkit/bench/prompts.py), 16 greedy tokens from
-quantkit's model (float32, weights dequantized by quantkit's own reader) and from vLLM's CPU build (bf16, in
-its own venv, peer_vllm.py). A prompt agrees when all its tokens match. A checkpoint with FP8 KV-cache
+quantkit's model (float32, weights dequantized by quantkit's own reader) and from vLLM's CPU build (bf16 by
+default, or float32 with --vllm-dtype, in its own venv, peer_vllm.py). A prompt agrees when all its tokens match. A checkpoint with FP8 KV-cache
 scales runs vLLM with kv_cache_dtype="fp8", and quantkit's side simulates the same fp8 cache.
 
 Where the two disagree, the row also reports the float32 logit gap, in quantkit's model, between its token
@@ -38,7 +38,7 @@ NEAR_TIE = 0.25
 
 
 def run_bench(checkpoints: list[Path], num_prompts: int, new_tokens: int, threads: int, console,
-              out: Path | None = None) -> list[dict]:
+              out: Path | None = None, vllm_dtype: str = "bfloat16") -> list[dict]:
     from quantkit.models import load_tokenizer
 
     torch.set_num_threads(threads)
@@ -48,21 +48,22 @@ def run_bench(checkpoints: list[Path], num_prompts: int, new_tokens: int, thread
     with tempfile.TemporaryDirectory() as tmp:
         prompts_file = Path(tmp) / "prompts.json"
         prompts_file.write_text(json.dumps([p.token_ids for p in prompts]))
-        rows = [_row(c, prompts, prompts_file, new_tokens, threads, python) for c in checkpoints]
-    _print(console, rows, new_tokens, threads)
+        rows = [_row(c, prompts, prompts_file, new_tokens, threads, python, vllm_dtype) for c in checkpoints]
+    _print(console, rows, new_tokens, threads, vllm_dtype)
     if out:
         report = {"prompts": [{"source": p.source, "dataset": p.dataset, "num_tokens": len(p.token_ids)}
-                              for p in prompts], "new_tokens": new_tokens, "threads": threads, "rows": rows}
+                              for p in prompts], "new_tokens": new_tokens, "threads": threads,
+                  "vllm_dtype": vllm_dtype, "rows": rows}
         out.write_text(json.dumps(report, indent=2))
     return rows
 
 
 def _row(checkpoint: Path, prompts: list[Prompt], prompts_file: Path, new_tokens: int, threads: int,
-         python: Path) -> dict:
+         python: Path, vllm_dtype: str) -> dict:
     kv_cache_dtype = "fp8" if has_kv_scales(checkpoint) else "auto"
     row = {"checkpoint": str(checkpoint), "scheme": scheme(checkpoint), "kv_cache_dtype": kv_cache_dtype}
     try:
-        theirs = run_vllm(python, checkpoint, prompts_file, new_tokens, kv_cache_dtype, threads)
+        theirs = run_vllm(python, checkpoint, prompts_file, new_tokens, kv_cache_dtype, threads, vllm_dtype)
     except RuntimeError as exc:  # one checkpoint vLLM cannot run must not hide the others' rows
         return row | {"error": str(exc), "passed": False}
     ours, gaps = quantkit_continuations(checkpoint, prompts, new_tokens, kv_cache_dtype == "fp8",
@@ -173,10 +174,10 @@ def greedy(model, token_ids: list[int], new_tokens: int) -> list[int]:
     return out
 
 
-def _print(console, rows: list[dict], new_tokens: int, threads: int) -> None:
+def _print(console, rows: list[dict], new_tokens: int, threads: int, vllm_dtype: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"vLLM (CPU, bf16) vs quantkit (float32): greedy agreement on the first {new_tokens} "
+    table = Table(title=f"vLLM (CPU, {vllm_dtype}) vs quantkit (float32): greedy agreement on the first {new_tokens} "
                         f"tokens, {threads} thread(s)")
     for column in ("checkpoint", "scheme", "KV cache", "agree", f"agree or near-tie (gap < {NEAR_TIE})",
                    "max gap", "mean prefix", "vLLM tok/s", "vLLM load s", "vLLM INT4 GEMM"):
