@@ -96,8 +96,9 @@ class ModelRunner:
         cfg = self.model.config
         layers = self.model.attention_layers()
         if fp8 and len(kv_scales) != len(layers):
-            warnings.warn("kv_cache_dtype='fp8' but the checkpoint has no KV-cache scales for every layer: "
-                          "using k_scale = v_scale = 1.0 (|K| or |V| above 448 clips)", stacklevel=3)
+            warnings.warn("kv_cache_dtype='fp8' but the checkpoint has no KV-cache scales for every layer: each "
+                          "layer takes its scales from its first batch (2 x max |K| or |V| / 448); calibrated "
+                          "scales (a recipe with kv_cache_scheme) are steadier", stacklevel=3)
             kv_scales = {}
         shape = (2, len(layers), num_blocks * self.block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_cache = _zeros(shape, torch.uint8 if fp8 else self.dtype, self.device)
@@ -105,7 +106,7 @@ class ModelRunner:
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
             attn.kernels = self.config.kernels
             if fp8:
-                attn.k_scale, attn.v_scale = kv_scales.get(i, (1.0, 1.0))
+                attn.k_scale, attn.v_scale = kv_scales.get(i, (None, None))  # None: set by the first batch
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardContext, list[int]]:
         """Flattened input ids, the forward context, and the row of each sequence's last token."""
