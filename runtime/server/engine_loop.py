@@ -107,6 +107,8 @@ class EngineLoop:
 
     def submit(self, submissions: list[Submission], sink: Sink) -> None:
         self._inbox.put(_Add(submissions, sink))
+        if self.error is not None:  # the loop is gone (or going): nobody may read the inbox again
+            sink(Failed(self.error))
 
     def abort(self, request_ids: list[str]) -> None:
         self._inbox.put(_Abort(list(request_ids)))
@@ -120,12 +122,24 @@ class EngineLoop:
                     self._step()
                 else:
                     self._publish(stepped=False)
-        except Exception as exc:  # a bug in the engine: fail every live request, then report unhealthy
+            self._close("the server is shutting down")
+        except Exception as exc:  # a bug in the engine: fail every request, then report unhealthy
             log.exception("engine loop stopped")
-            self.error = f"{type(exc).__name__}: {exc}"
-            for live in self._live.values():
-                live.sink(Failed(self.error))
-            self._live.clear()
+            self._close(f"{type(exc).__name__}: {exc}")
+
+    def _close(self, reason: str) -> None:
+        """Fail every live and queued request. error is set first, so a submit that comes later fails itself."""
+        self.error = reason
+        for live in self._live.values():
+            live.sink(Failed(reason))
+        self._live.clear()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Add):
+                item.sink(Failed(reason))
 
     def _drain(self, block: bool) -> None:
         try:

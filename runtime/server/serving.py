@@ -127,8 +127,14 @@ class OpenAIServing:
             return error_response(500, first.message)
         assert isinstance(first, Admitted)
         if call.stream:
-            return StreamingResponse(self._stream(call, events), media_type="text/event-stream")
+            pending = {s.request_id for s in call.submissions}
+            return _AbortingStream(self._stream(call, events, pending), lambda: self._abort(pending))
         return await self._collect_or_abort(call, events, request)
+
+    def _abort(self, pending: set[str]) -> None:
+        if pending:
+            self.engine_loop.abort(sorted(pending))
+            pending.clear()
 
     async def _collect_or_abort(self, call: Call, events: asyncio.Queue, request: Request) -> Response:
         pending = {s.request_id for s in call.submissions}
@@ -142,8 +148,7 @@ class OpenAIServing:
         finally:
             collect.cancel()
             left.cancel()
-            if pending:
-                self.engine_loop.abort(sorted(pending))
+            self._abort(pending)
 
     async def _collect(self, call: Call, events: asyncio.Queue, pending: set[str]) -> Response:
         final: dict[str, RequestOutput] = {}
@@ -160,9 +165,8 @@ class OpenAIServing:
         body["usage"] = _usage(outs)
         return JSONResponse(body)
 
-    async def _stream(self, call: Call, events: asyncio.Queue) -> AsyncIterator[str]:
+    async def _stream(self, call: Call, events: asyncio.Queue, pending: set[str]) -> AsyncIterator[str]:
         index = {s.request_id: i for i, s in enumerate(call.submissions)}
-        pending = set(index)
         finished: list[RequestOutput] = []
         try:
             if call.chat:  # OpenAI's first chat chunk carries the role and no content
@@ -186,14 +190,28 @@ class OpenAIServing:
                 yield _sse(chunk)
             yield "data: [DONE]\n\n"
         finally:  # the client left (the generator is cancelled or closed) before every choice finished
-            if pending:
-                self.engine_loop.abort(sorted(pending))
+            self._abort(pending)
 
     def _chunk(self, call: Call, choices: list[dict]) -> dict:
         chunk = _envelope(call, self.model_name, choices, final=False)
         if call.include_usage:
             chunk["usage"] = None
         return chunk
+
+
+class _AbortingStream(StreamingResponse):
+    """An SSE response that aborts what is still pending however it ends: the generator's own cleanup
+    does not run when the client leaves before the first chunk is pulled from it."""
+
+    def __init__(self, body: AsyncIterator[str], on_close):
+        super().__init__(body, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 class ModelNotFound(Exception):

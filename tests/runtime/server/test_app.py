@@ -73,3 +73,21 @@ def test_full_waiting_queue_is_503_with_retry_after(start_server):
         else:
             assert r.json()["usage"]["completion_tokens"] == 200
     assert requests.get(busy.url + "/health", timeout=10).status_code == 200
+
+
+def test_an_engine_failure_is_a_500_and_an_unhealthy_server(start_server):
+    broken = start_server()
+    engine = broken.app.state.engine_loop.engine
+
+    def step():
+        raise RuntimeError("boom")
+
+    engine.step = step  # the loop thread picks it up at its next step
+    resp = requests.post(broken.url + "/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=30)
+    assert resp.status_code == 500 and "boom" in resp.json()["error"]["message"]
+    health = requests.get(broken.url + "/health", timeout=10)
+    assert health.status_code == 503 and "RuntimeError: boom" in health.json()["error"]["message"]
+    # later requests fail at once instead of waiting for a loop that is gone
+    later = requests.post(broken.url + "/v1/chat/completions", timeout=10,
+                          json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    assert later.status_code == 500
