@@ -36,7 +36,6 @@ class Int4Linear(nn.Module):
         self.in_features = first.shape[1]
         self.out_features = sum(w.shape[0] for w in qweights)
         self.group_size = first.group_size if first.group_size != -1 else self.in_features
-        self.dtype = dtype
         q = torch.cat([w.q for w in qweights])  # [N, K] codes
         scales = torch.cat([w.scale for w in qweights])  # [N, groups]
         zeros = torch.cat([w.zero for w in qweights])
