@@ -63,9 +63,3 @@ def test_models_show_json_is_one_object_with_path(tiny_model, run_cli):
     code, out, _ = run_cli("models", "show", tiny_model, "--json")
     assert code == 0
     assert json.loads(out)["path"] == str(tiny_model)
-
-
-def test_unbuilt_command_says_so_and_exits_2(run_cli):
-    for command in ("serve",):
-        code, _, err = run_cli(command)
-        assert code == 2 and "not built yet" in err
