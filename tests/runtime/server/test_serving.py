@@ -96,8 +96,8 @@ def test_stop_string_and_seeded_sampling(server):
     cut = api.completions.create(model="tiny", prompt=TEXTS[0], max_tokens=12, temperature=0, stop=[stop],
                                  extra_body={"ignore_eos": True}).choices[0]
     assert cut.finish_reason == "stop" and stop not in cut.text and free.startswith(cut.text)
-    a, b = (api.completions.create(model="tiny", prompt=TEXTS[0], max_tokens=12, temperature=1.0, seed=7).choices[0].text
-            for _ in range(2))
+    a, b = (api.completions.create(model="tiny", prompt=TEXTS[0], max_tokens=12, temperature=1.0,
+                                   seed=7).choices[0].text for _ in range(2))
     assert a == b
 
 
