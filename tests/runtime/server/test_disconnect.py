@@ -51,3 +51,20 @@ def test_non_streaming_client_that_leaves_is_aborted(start_server):
     # the server is fine afterwards
     ok = requests.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 3}, timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_streaming_client_that_leaves_before_reading_is_aborted(start_server):
+    server = start_server()
+    body = json.dumps({**LONG, "stream": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 20
+        while requests.get(server.url + "/stats", timeout=10).json()["admitted_requests"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    stats = wait_idle(server)
+    assert stats["kv_cache_usage"] == 0.0
+    assert _aborts(server) == 1
+    assert metric(scrape(server), "vllm:generation_tokens_total") < 220
