@@ -253,7 +253,7 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, help="The name clients pass as `model` (default: MODEL)."),
     max_model_len: Optional[int] = typer.Option(None, help="Prompt + output tokens per request."),
     dtype: str = typer.Option("auto", help="auto, float16, bfloat16 or float32 (auto: float32 on CPU)."),
-    kv_cache_dtype: str = typer.Option("auto", help="auto or fp8 (E4M3 with the checkpoint's scales)."),
+    kv_cache_dtype: str = typer.Option("auto", help="auto or fp8 (E4M3; the checkpoint's KV scales, else the first batch's)."),
     max_num_seqs: int = typer.Option(64, help="Requests in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, help="Tokens per engine step at most."),
     max_waiting: int = typer.Option(256, help="Waiting requests at most; beyond it requests get 503 + Retry-After."),
