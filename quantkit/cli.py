@@ -284,7 +284,8 @@ def serve(
     cap = server.app.state.engine_loop.engine.capacity
     err_console.print(f"serving [bold]{served_model_name or model}[/] on {server.url}/v1  |  KV cache {cap.dtype}: "
                       f"{cap.num_tokens:,} tokens in {cap.num_blocks:,} blocks, max concurrency "
-                      f"{cap.max_concurrency:.1f}x at max_model_len {cap.max_model_len}", highlight=False, soft_wrap=True)
+                      f"{cap.max_concurrency:.1f}x at max_model_len {cap.max_model_len}",
+                      highlight=False, soft_wrap=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         err_console.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can reach "
                           "this port can use the model", highlight=False)
