@@ -14,12 +14,20 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        self._step: tuple | None = None  # (positions, dtype, cos, sin) of the current forward
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, heads, D], k: [T, kv_heads, D], positions: [T]."""
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        cos, sin = self._tables(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows of the step's positions. Every layer shares this module and the step's positions
+        tensor, so they are gathered once per forward, not once per layer."""
+        if self._step is None or self._step[0] is not positions or self._step[1] != dtype:
+            self._step = (positions, dtype, self.cos[positions].to(dtype).unsqueeze(1),
+                          self.sin[positions].to(dtype).unsqueeze(1))
+        return self._step[2], self._step[3]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
