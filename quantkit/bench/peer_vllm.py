@@ -9,7 +9,7 @@ library, never quantkit.
 PROMPTS_JSON is a file holding a list of token-id lists. Prints, last, one JSON line: {"token_ids" (one list
 per prompt), "load_s", "generate_s", "tokens_per_s", "scale_log" (what vLLM logged about k/v or other
 scales, such as "Using KV cache scaling factor 1.0"), "w4a16_fallback_layers" (INT4 layers run through the
-dense fallback below, 0 where vLLM's own kernel runs), "peak_rss_mib"}. DTYPE defaults to bfloat16. Some vLLM CPU runs abort at process exit after
+dense fallback below, 0 where vLLM's own kernel runs), "loaded_rss_mib", "peak_rss_mib"}. DTYPE defaults to bfloat16. Some vLLM CPU runs abort at process exit after
 printing it; the caller trusts a complete line over the exit code.
 """
 
@@ -99,6 +99,8 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     llm = LLM(model=checkpoint, dtype=dtype, enforce_eager=True, kv_cache_dtype=kv_cache_dtype,
               max_model_len=max(map(len, prompts)) + new_tokens, seed=0)
     load_s = time.perf_counter() - started
+    loaded_rss_mib = next((int(line.split()[1]) / 1024 for line in open("/proc/self/status")
+                           if line.startswith("VmRSS:")), None)
     # ignore_eos: both sides produce exactly new_tokens, so an end-of-text token is compared like any other.
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     started = time.perf_counter()
@@ -108,6 +110,7 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     result = {"token_ids": token_ids, "load_s": round(load_s, 2), "generate_s": round(generate_s, 3),
               "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "scale_log": scale_log.messages,
               "w4a16_fallback_layers": len(replaced),
+              "loaded_rss_mib": loaded_rss_mib,
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
     print(json.dumps(result), flush=True)
 
