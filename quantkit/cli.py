@@ -391,8 +391,7 @@ def bench_kv_cache(
     from quantkit.bench.kv_cache import run_bench
 
     result = run_bench(checkpoint, eval_dataset, max_seq_len, threads, console)
-    if out:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(out, result)
 
 
 @bench_app.command("vllm", epilog="Example: quantkit bench vllm --checkpoint ckpt/ --prompts 20 --out vllm.json")
@@ -449,8 +448,7 @@ def bench_offline(
                              serial_requests, vllm, kernels,
                              progress=lambda m: err_console.print(m, highlight=False))
     console.print(rows_table(rows, f"{num_requests} requests x {output_len} tokens, {dtype}, {threads} thread(s)"))
-    if out:
-        out.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+    _write_json(out, [r.as_dict() for r in rows])
 
 
 @bench_app.command("prefix-cache", epilog="Example: quantkit bench prefix-cache --system-tokens 1024 --num-requests 16")
@@ -469,8 +467,7 @@ def bench_prefix_cache(
     result = prefix_cache_bench(model, num_requests, system_tokens, output_len, dtype, threads)
     _print_rows(result["rows"], f"shared system prompt of {result['system_prompt_tokens']} tokens: "
                                 f"TTFT {result['ttft_speedup']:.2f}x lower with prefix caching")
-    if out:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(out, result)
 
 
 @bench_app.command("kv-capacity", epilog="Example: quantkit bench kv-capacity --kv-budget-mib 32")
@@ -489,8 +486,7 @@ def bench_kv_capacity(
     result = kv_capacity_bench(model, kv_budget_mib, num_requests, output_len, max_model_len, threads)
     _print_rows(result["rows"], f"KV budget {kv_budget_mib:g} MiB, max_model_len {max_model_len}, "
                                 f"{num_requests} requests x {output_len} tokens")
-    if out:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(out, result)
 
 
 @bench_app.command("kernels", epilog="Example: quantkit bench kernels --threads 1 --out kernels.json")
@@ -505,8 +501,13 @@ def bench_kernels(
 
     rows = run(tuple(m), rounds, threads)
     console.print(rows_table(rows, f"CPU linear paths, {threads} thread(s), group 64 (median of {rounds} rounds)"))
+    _write_json(out, as_dicts(rows))
+
+
+def _write_json(out: Optional[Path], result) -> None:
+    """A benchmark's --out file, when one was asked for."""
     if out:
-        out.write_text(json.dumps(as_dicts(rows), indent=2) + "\n")
+        out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def _print_rows(rows: list[dict], title: str) -> None:
@@ -549,8 +550,7 @@ def bench_serve(
     report = run(BenchConfig(url, model, num_prompts, input_len, output_len, range_ratio, dataset, tokenizer,
                              request_rate, burstiness, max_concurrency, seed, pcts, api_key))
     print_report(report, console)
-    if out:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+    _write_json(out, report)
     if report["completed"] == 0:
         raise typer.Exit(1)
 
@@ -594,8 +594,7 @@ def bench_serve_load(
     for name, ok, detail in report.checks:
         console.print(f"{'[green]ok[/]  ' if ok else '[red]FAIL[/]'} {name}" + (f"  ({detail})" if detail else ""),
                       highlight=False)
-    if out:
-        out.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    _write_json(out, report.as_dict())
     if not report.passed:
         raise typer.Exit(1)
 
@@ -622,8 +621,7 @@ def bench_serve_eval(
                   f"{result.in_process_seconds:.1f}")
     console.print(table)
     console.print(f"items scored the same: {result.items_that_agree}/{result.items}")
-    if out:
-        out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+    _write_json(out, result.as_dict())
 
 
 @bench_app.command("ladder", epilog="Example: quantkit bench ladder --out ladder/")
