@@ -59,7 +59,10 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
                                                                cfg.rope_theta)
     for layer in model.model.layers:
         layer.self_attn.rotary = rotary
-    return model.to(device).eval(), _kv_scales(dense)
+    model, kv_scales = model.to(device).eval(), _kv_scales(dense)
+    del dense, quantized, tensors, state, converted
+    _release_freed_memory()
+    return model, kv_scales
 
 
 def _runtime_state(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
@@ -111,6 +114,19 @@ def _quantized_linear(parts: list, bias: torch.Tensor | None, dtype: torch.dtype
 
 def _same_g_idx(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _release_freed_memory() -> None:
+    """Hand the checkpoint's freed load-time tensors back to the OS. glibc keeps freed heap pages, so without
+    this an INT4 model stays resident at roughly its unpacked size (measured: 1,248 -> 732 MiB for SmolLM2)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _kv_scales(dense: dict[str, torch.Tensor]) -> dict[int, tuple[float, float]]:
