@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a gate or check failed, 2 a usage error (bad input; one
 from __future__ import annotations
 
 import json
+import os
 import signal
 from contextlib import contextmanager
 import sys
@@ -68,18 +69,32 @@ def _layer_progress(verb: str):
         task = progress.add_task("layers", total=None)
 
         def on_layer(done: int, total: int) -> None:
-            if _interrupted:  # a KeyboardInterrupt some library swallowed: unwind at the next layer
+            if _interrupted:  # Ctrl-C arrived during the layer: unwind here, from plain Python
                 raise KeyboardInterrupt
             progress.update(task, completed=done, total=total)
 
-        yield on_layer
+        global _defer_interrupt
+        _defer_interrupt = True
+        try:
+            yield on_layer
+        finally:
+            _defer_interrupt = False
 
 
 _interrupted = False
+# Inside a layer loop the first Ctrl-C only sets _interrupted and the loop unwinds at the next layer: raised
+# from the handler, a KeyboardInterrupt can land in Python code that C++ is calling (a finalizer run by a
+# tensor's deallocation), where it aborts the process ("terminate called ...") and skips the cleanup of the
+# staging directory. A second Ctrl-C raises at once.
+_defer_interrupt = False
 
 
 def _interrupt(signum, frame) -> None:
     global _interrupted
+    if _defer_interrupt and not _interrupted:
+        _interrupted = True
+        os.write(2, b"\ninterrupted: stopping after this layer (Ctrl-C again to stop now)\n")  # no console lock
+        return
     _interrupted = True
     raise KeyboardInterrupt
 

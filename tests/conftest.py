@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Triton reads TRITON_INTERPRET when triton.language is first imported, and transformers may import it long
+# before the kernel tests' conftest runs: set it here, first. On a GPU machine run with TRITON_INTERPRET=0.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
