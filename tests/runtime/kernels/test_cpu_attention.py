@@ -44,3 +44,17 @@ def test_auto_picks_the_native_path_on_cpu_and_reference_stays_reference():
     assert dispatch.decode_attention_path("auto", q, k) == "native-cpu"
     assert dispatch.decode_attention_path("reference", q, k) == "reference"
     assert dispatch.decode_attention_path("auto", q.to(torch.bfloat16), k) == "reference"  # float32 only
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """torch's loader waits forever on the lock file of a killed build; ours clears locks older than a build."""
+    import os
+    import time
+
+    monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path))
+    lock = cpu_attention._build_directory() / "lock"
+    lock.touch()
+    assert (cpu_attention._build_directory() / "lock").exists()  # a build may be running right now
+    old = time.time() - cpu_attention.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert not (cpu_attention._build_directory() / "lock").exists()
