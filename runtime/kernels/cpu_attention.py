@@ -61,6 +61,11 @@ def _extension():
     return _state["module"]
 
 
+def available() -> bool:
+    """Whether the kernel is built (building it on the first call, ~45 s; later processes load it)."""
+    return _extension() is not None
+
+
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.uint8)
             and _extension() is not None)
