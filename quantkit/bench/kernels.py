@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from quantkit.bench.offline import tensor_mib
 from quantkit.formats.quantized import QuantizedWeight
 
 # SmolLM2-135M's linears as the runtime fuses them: (name, out_features N, in_features K)
@@ -45,12 +46,6 @@ def random_int4(n: int, k: int, group_size: int = 64, seed: int = 0) -> Quantize
                            bits=4, group_size=group_size, symmetric=False)
 
 
-def _bytes(module_or_tensor) -> float:
-    tensors = [module_or_tensor] if isinstance(module_or_tensor, torch.Tensor) else \
-        [*module_or_tensor.parameters(), *module_or_tensor.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors) / 1024
-
-
 def bench_kernels(ms: tuple[int, ...] = (1, 8, 64), rounds: int = 30, threads: int = 1) -> list[KernelRow]:
     from quantkit.runtime.layers.linear import Int4Linear
 
@@ -63,8 +58,8 @@ def bench_kernels(ms: tuple[int, ...] = (1, 8, 64), rounds: int = 30, threads: i
         fast = Int4Linear([qw], None, torch.float32, "auto", cpu)
         exact = Int4Linear([qw], None, torch.float32, "reference", cpu)
         assert fast.backend == "cpu-int4pack" and exact.backend == "reference"
-        weights = {PATHS[0]: _bytes(dense), PATHS[1]: _bytes(fast), PATHS[2]: _bytes(exact),
-                   PATHS[3]: _bytes(dense_bf16)}
+        weights = {PATHS[0]: dense.nbytes / 1024, PATHS[1]: tensor_mib(fast) * 1024,
+                   PATHS[2]: tensor_mib(exact) * 1024, PATHS[3]: dense_bf16.nbytes / 1024}
         for m in ms:
             x = torch.randn(m, k)
             xb = x.to(torch.bfloat16)
