@@ -15,6 +15,19 @@ LONG = {"model": "tiny", "prompt": "Your order 12345 shipped yesterday", "max_to
         "temperature": 0}
 
 
+def send_and_leave(server, payload: dict, leave_once: str) -> None:
+    """POST payload on a raw socket and close it unread once /stats shows `leave_once` above 0."""
+    body = json.dumps(payload).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 20
+        while requests.get(server.url + "/stats", timeout=10).json()[leave_once] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+
 def _aborts(server) -> float:
     return metric(scrape(server), "vllm:request_success_total", finished_reason="abort")
 
@@ -38,15 +51,7 @@ def test_streaming_client_that_leaves_is_aborted(start_server):
 
 def test_non_streaming_client_that_leaves_is_aborted(start_server):
     server = start_server()
-    body = json.dumps(LONG).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    with socket.create_connection((server.host, server.port)) as sock:
-        sock.sendall(head + body)
-        deadline = time.monotonic() + 20
-        while requests.get(server.url + "/stats", timeout=10).json()["num_running"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+    send_and_leave(server, LONG, leave_once="num_running")
     stats = wait_idle(server)
     assert stats["kv_cache_usage"] == 0.0
     assert _aborts(server) == 1
@@ -60,15 +65,7 @@ def test_non_streaming_client_that_leaves_is_aborted(start_server):
                    "seen and the request runs to its end; open bug, see the stop note")
 def test_streaming_client_that_leaves_before_reading_is_aborted(start_server):
     server = start_server()
-    body = json.dumps({**LONG, "stream": True}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    with socket.create_connection((server.host, server.port)) as sock:
-        sock.sendall(head + body)
-        deadline = time.monotonic() + 20
-        while requests.get(server.url + "/stats", timeout=10).json()["admitted_requests"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+    send_and_leave(server, {**LONG, "stream": True}, leave_once="admitted_requests")
     stats = wait_idle(server)
     assert stats["kv_cache_usage"] == 0.0
     assert _aborts(server) == 1
