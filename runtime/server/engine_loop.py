@@ -73,6 +73,18 @@ class _Abort:
     request_ids: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LoopStats:
+    """What /stats serves: the engine's numbers and the loop's admission counts, captured together."""
+    engine: EngineStats
+    admitted_requests: int
+    refused_calls: int
+
+    def as_dict(self) -> dict:
+        return self.engine.as_dict() | {"admitted_requests": self.admitted_requests,
+                                        "refused_calls": self.refused_calls}
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int):
         self.engine = engine
@@ -85,7 +97,7 @@ class EngineLoop:
         self._live: dict[str, _Live] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="quantkit-engine", daemon=True)
-        self._stats = engine.stats()
+        self._stats = LoopStats(engine.stats(), 0, 0)
 
     # --- called from any thread ---
     def start(self) -> None:
@@ -101,8 +113,8 @@ class EngineLoop:
         return self._thread.is_alive() and self.error is None
 
     @property
-    def stats(self) -> EngineStats:
-        """The engine's stats after its latest step (a snapshot, safe to read from any thread)."""
+    def stats(self) -> LoopStats:
+        """The latest snapshot (safe to read from any thread); see _publish for when it is taken."""
         return self._stats
 
     def submit(self, submissions: list[Submission], sink: Sink) -> None:
@@ -158,6 +170,7 @@ class EngineLoop:
         num_waiting = len(self.engine.scheduler.waiting)
         if num_waiting + len(item.submissions) > self.max_waiting:
             self.num_refused += 1
+            self._publish(stepped=False)
             item.sink(Refused(num_waiting))
             return
         added = []
@@ -173,6 +186,7 @@ class EngineLoop:
         for request_id in added:
             self._live[request_id] = _Live(self.engine.requests[request_id], item.sink)
         self.num_admitted += len(added)
+        self._publish(stepped=False)
         item.sink(Admitted())
 
     def _abort(self, request_id: str) -> None:
@@ -190,6 +204,7 @@ class EngineLoop:
             if not live.scheduled and (live.seq.status is not SequenceStatus.WAITING or live.seq.num_computed_tokens):
                 live.scheduled = True
                 self.metrics.on_scheduled(max(started - live.seq.arrival_time, 0.0))
+        deliveries = []
         for out in outputs:
             live = self._live.get(out.request_id)
             if live is None:
@@ -200,12 +215,18 @@ class EngineLoop:
             if out.finished:
                 del self._live[out.request_id]
                 self.metrics.on_finished(out_time(live.seq) - live.seq.arrival_time)
-            live.sink(out)
+            deliveries.append((live.sink, out))
         self._publish(stepped=True)
+        for sink, out in deliveries:
+            sink(out)
 
     def _publish(self, stepped: bool) -> None:
-        self._stats = self.engine.stats()
-        self.metrics.on_step(self._stats, self._stats.last_step_tokens if stepped else None)
+        """Snapshot the engine for /stats and the gauges, after a change's metrics and before any sink hears
+        of it: a client told of its admission or a token that then reads /stats must see that change, and a
+        snapshot without a request must come with that request's metrics counted."""
+        stats = self.engine.stats()
+        self._stats = LoopStats(stats, self.num_admitted, self.num_refused)
+        self.metrics.on_step(stats, stats.last_step_tokens if stepped else None)
 
 
 def out_time(seq: Sequence) -> float:
