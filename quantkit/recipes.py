@@ -56,6 +56,9 @@ class AWQMethod(_Strict):
     duo_scaling: bool = True
     clip: bool = True
     n_grid: int = Field(20, ge=2)
+    # o_proj / down_proj errors count relative to the residual stream they are added to (see
+    # quantize.staged.residual_token_weights)
+    residual_weighted: bool = False
 
 
 class GPTQMethod(_Strict):
@@ -64,6 +67,13 @@ class GPTQMethod(_Strict):
     dampening: float = Field(0.01, gt=0, le=1)
     act_order: bool = False
     mse: bool = False  # search each group's range for the least rounding error instead of min/max
+    # How far each linear's target moves from its own output on the quantized model's inputs (0) to the
+    # full-precision model's output (1): the error earlier quantized layers left in the input is then
+    # corrected too (asymmetric calibration, as GPTAQ). A full fit over-fits the calibration tokens.
+    fp_targets: float = Field(0.0, ge=0, le=1)
+    # o_proj / down_proj errors count relative to the residual stream they are added to (see
+    # quantize.staged.residual_token_weights)
+    residual_weighted: bool = False
 
 
 class FP8Method(_Strict):

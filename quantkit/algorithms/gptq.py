@@ -37,6 +37,41 @@ def input_hessian(inputs: list[torch.Tensor], block: int = 512) -> torch.Tensor:
     return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
 
 
+def cross_covariance(reference_inputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> torch.Tensor:
+    """D = sum of x_ref^T x over paired tokens: the full-precision model's inputs against the quantized one's."""
+    width = inputs[0].shape[-1]
+    cross = torch.zeros(width, width)
+    for x_ref, x in zip(reference_inputs, inputs):
+        cross += x_ref.reshape(-1, width).float().T @ x.reshape(-1, width).float()
+    return cross
+
+
+def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, damp: float) -> torch.Tensor:
+    """The weight V that best maps the quantized model's inputs X to the full-precision outputs X_ref W^T:
+    argmin ||X_ref W^T - X V^T||^2 + lam ||V - W||^2 = W (D + lam I)(H + lam I)^-1, D = X_ref^T X,
+    lam = damp * mean(diag H). Because V solves the normal equations, ||X_ref W^T - X Q^T||^2 =
+    const + ||X (V - Q)^T||^2 for every Q: GPTQ on V with H minimizes the error against the
+    full-precision outputs, correcting what earlier quantized layers left in the input (asymmetric
+    calibration, as GPTAQ). With D = H (no earlier error) V = W."""
+    lam = damp * float(hessian.diagonal().mean())
+    eye = torch.eye(hessian.shape[0], dtype=torch.float32)
+    # V (H + lam I) = W (D + lam I)  <=>  (H + lam I) V^T = (D + lam I)^T W^T   (H symmetric)
+    rhs = (cross.float() + lam * eye).T @ weight.float().T
+    lower = torch.linalg.cholesky(hessian.float() + lam * eye)
+    return torch.cholesky_solve(rhs, lower).T.contiguous()
+
+
+def target_errors(weight: torch.Tensor, approxes: list[torch.Tensor], reference_hessian: torch.Tensor,
+                  cross: torch.Tensor, hessian: torch.Tensor) -> list[float]:
+    """||X_ref W^T - X A^T||^2 = tr(W H_ref W^T) - 2 tr(W D A^T) + tr(A H A^T) for each A, sharing the
+    terms of W. Products in float32, their sums in float64: the error is a difference of large terms."""
+    w = weight.float()
+    energy = ((w @ reference_hessian) * w).double().sum()
+    w_cross = w @ cross
+    return [float(energy - 2 * (w_cross * a).double().sum() + ((a.float() @ hessian) * a).double().sum())
+            for a in approxes]
+
+
 def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor | None, float]:
     """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, raising damp until H is positive definite."""
     mean_diag = hessian.diagonal().mean()

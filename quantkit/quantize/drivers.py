@@ -3,7 +3,9 @@
 - RTN needs no data.
 - GPTQ quantizes stage by stage (q/k/v, o, gate/up, down); each stage's Hessian comes from inputs that
   already went through the quantized stages before it, and the quantized output propagates. v_proj
-  goes one KV head at a time with tokens weighted by the attention they receive.
+  goes one KV head at a time with tokens weighted by the attention they receive. With fp_targets an
+  untouched copy of the layer runs beside it on the full-precision model's inputs, and each linear
+  fits the full-precision output instead of its own output on the quantized inputs.
 - FP8 casts weights per output channel (no data); static recipes take each stage's input absmax as its
   per-tensor input scale, with the fp8 outputs of earlier stages propagating.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +23,8 @@ import torch
 from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
-from quantkit.quantize.staged import STAGES, Rotary, StagedLayer, run_stages
+from quantkit.quantize.staged import (STAGES, Rotary, StagedLayer, residual_token_weights, run_paired_stages,
+                                      run_stages, weight_tokens)
 from quantkit.recipes import Recipe
 
 
@@ -36,6 +40,7 @@ class LinearReport:
 @dataclass
 class LayerResult:
     outputs: list[torch.Tensor] | None
+    reference_outputs: list[torch.Tensor] | None = None  # the full-precision layer's, when a driver ran it
     quantized: dict[str, QuantizedWeight | Fp8Weight] = field(default_factory=dict)  # name within the layer
     reports: list[LinearReport] = field(default_factory=list)
 
@@ -56,12 +61,13 @@ class Driver:
     def targets(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
 
-    def quantize_layer(self, staged: StagedLayer, hidden, rotary) -> LayerResult:
+    def quantize_layer(self, staged: StagedLayer, hidden, rotary, reference_hidden=None) -> LayerResult:
+        """reference_hidden: the full-precision model's inputs to this layer (only GPTQ fp_targets reads them)."""
         raise NotImplementedError
 
 
 class RTNDriver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden=None, rotary=None) -> LayerResult:
+    def quantize_layer(self, staged: StagedLayer, hidden=None, rotary=None, reference_hidden=None) -> LayerResult:
         result = LayerResult(outputs=None)
         for name in self.targets(tuple(n for stage in STAGES for n in stage)):
             result.quantized[name] = rtn_quantize(staged.linear(name).weight.detach(), self.scheme)
@@ -69,41 +75,89 @@ class RTNDriver(Driver):
         return result
 
 
+@dataclass
+class StageData:
+    """What GPTQ needs of one stage's inputs. With full-precision targets, also the full-precision
+    model's inputs to the same stage (reference): their Gram matrix and their cross product with ours."""
+    hessian: torch.Tensor
+    cross: torch.Tensor | None = None
+    reference_hessian: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, inputs: list[torch.Tensor], reference_inputs: list[torch.Tensor] | None) -> StageData:
+        if reference_inputs is None:
+            return cls(gptq.input_hessian(inputs))
+        return cls(gptq.input_hessian(inputs), gptq.cross_covariance(reference_inputs, inputs),
+                   gptq.input_hessian(reference_inputs))
+
+    def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
+        """Output error of plain rounding and of ``effective``: against the layer's own output on the
+        same inputs, or with reference inputs against the full-precision model's output."""
+        if self.cross is None:
+            return relative_errors(original, self.hessian, scheme, effective)
+        energy = max(float(((original @ self.reference_hessian) * original).sum()), 1e-30)
+        rtn, method = gptq.target_errors(original, [fake_quantize(original, scheme), effective],
+                                         self.reference_hessian, self.cross, self.hessian)
+        return rtn / energy, method / energy
+
+
 class GPTQDriver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary]) -> LayerResult:
+    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
+                       reference_hidden: list[torch.Tensor] | None = None) -> LayerResult:
+        """With ``fp_targets`` and the full-precision model's hidden states, each linear fits (partly) the
+        full-precision output from the quantized model's input; the untouched layer's outputs come back
+        as ``reference_outputs`` for the next layer."""
+        options = self.recipe.quantization
         result = LayerResult(outputs=None)
 
-        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor],
+                           reference_inputs: list[torch.Tensor] | None = None,
+                           residual: list[torch.Tensor] | None = None) -> None:
             targets = self.targets(names)
             if not targets:
                 return
-            hessian = gptq.input_hessian(inputs)
+            if options.residual_weighted and residual is not None:
+                weights = residual_token_weights(staged.linear(names[0]), inputs, residual)
+                inputs = weight_tokens(inputs, weights)
+                if reference_inputs is not None:
+                    reference_inputs = weight_tokens(reference_inputs, weights)
+            data = StageData.of(inputs, reference_inputs)
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
                 if name == "self_attn.v_proj":
-                    weight, note = self._quantize_values(staged, original, inputs, rotary)
+                    weight, note = self._quantize_values(staged, original, inputs, reference_inputs, rotary)
                 else:
-                    weight, note = self._quantize(original, hessian)
+                    weight, note = self._quantize(original, data)
                 dequantized = weight.dequantize()
                 linear.weight.data = dequantized.to(linear.weight.dtype)
                 result.quantized[name] = weight
                 result.reports.append(LinearReport(
-                    f"{self.prefix}.{name}", "gptq", *relative_errors(original, hessian, self.scheme, dequantized),
-                    note))
+                    f"{self.prefix}.{name}", "gptq", *data.relative_errors(original, self.scheme, dequantized), note))
 
-        result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
+        if options.fp_targets > 0 and reference_hidden is not None:
+            reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
+                                    staged.head_dim)
+            result.outputs, result.reference_outputs = run_paired_stages(
+                staged, reference, hidden, reference_hidden, rotary, quantize_stage)
+        else:
+            result.outputs = run_stages(staged, hidden, rotary,
+                                        lambda names, inputs, residual: quantize_stage(names, inputs, None, residual))
         return result
 
-    def _quantize(self, weight: torch.Tensor, hessian: torch.Tensor) -> tuple[QuantizedWeight, str]:
+    def _quantize(self, weight: torch.Tensor, data: StageData) -> tuple[QuantizedWeight, str]:
         options = self.recipe.quantization
-        done = gptq.gptq_quantize(weight, hessian, self.scheme, block_size=options.block_size,
+        if data.cross is not None:
+            target = gptq.fp_target_weight(weight, data.hessian, data.cross, options.dampening)
+            weight = weight + options.fp_targets * (target - weight)
+        done = gptq.gptq_quantize(weight, data.hessian, self.scheme, block_size=options.block_size,
                                   damp=options.dampening, act_order=options.act_order, mse=options.mse)
         note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
             f"damp raised to {done.damp}" if done.damp != options.dampening else "")
         return done.weight, note
 
     def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: list[torch.Tensor],
+                         reference_inputs: list[torch.Tensor] | None,
                          rotary: list[Rotary]) -> tuple[QuantizedWeight, str]:
         """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
         a plain Hessian counts an attention-sink token once, although most queries read its value."""
@@ -111,21 +165,26 @@ class GPTQDriver(Driver):
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
-            weighted = [x * w[head].sqrt()[:, None] for x, w in zip(inputs, received)]
-            part, note = self._quantize(weight[head * rows:(head + 1) * rows], gptq.input_hessian(weighted))
+            weights = [w[head] for w in received]
+            data = StageData.of(weight_tokens(inputs, weights),
+                                None if reference_inputs is None else weight_tokens(reference_inputs, weights))
+            part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)
         return stack_rows(parts), "; ".join(sorted(n for n in notes if n))
 
 
 class AWQDriver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary]) -> LayerResult:
+    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
+                       reference_hidden=None) -> LayerResult:
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def observe(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+        def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual: list[torch.Tensor] | None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
+            if options.residual_weighted and residual is not None:
+                inputs = weight_tokens(inputs, residual_token_weights(staged.linear(names[0]), inputs, residual))
             observed[names] = (gptq.input_hessian(inputs), x_mean)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
@@ -183,11 +242,11 @@ class AWQDriver(Driver):
 
 class FP8Driver(Driver):
     def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor] | None = None,
-                       rotary: list[Rotary] | None = None) -> LayerResult:
+                       rotary: list[Rotary] | None = None, reference_hidden=None) -> LayerResult:
         static = self.recipe.quantization.activations == "static"
         result = LayerResult(outputs=None)
 
-        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
             absmax = max(float(x.abs().max()) for x in inputs) if inputs else None
             hessian = gptq.input_hessian(inputs) if inputs else None
             for name in self.targets(names):

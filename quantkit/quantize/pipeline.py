@@ -71,19 +71,22 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     if recipe.needs_calibration:
         hidden = [h[0] for h in model.embed(samples)]
         rotary = [model.position_embeddings(h[None]) for h in hidden]
+    # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
+    reference_hidden = hidden
     result = QuantizedModel(config=config.to_dict(), dtype=dtype, dense={}, quantized={})
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
             driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype)
-            done = driver.quantize_layer(staged, hidden, rotary)
+            done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             if recipe.kv_cache_scheme is not None:
                 _load_quantized(staged, done.quantized)
                 result.kv_scales.update(_kv_scales(staged, prefix, hidden, rotary))
                 if done.outputs is None:  # a driver without data: the next layer still needs inputs
                     done.outputs = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
             hidden = done.outputs
+            reference_hidden = done.reference_outputs if done.reference_outputs is not None else hidden
             for name, tensor in layer.state_dict().items():
                 module = name.rsplit(".", 1)[0]
                 if module not in done.quantized:

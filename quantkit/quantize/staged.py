@@ -106,23 +106,63 @@ class StagedLayer:
         return self.output(residual, self.mlp_core(self.mlp_input(residual)))
 
 
-StageHook = Callable[[tuple[str, ...], list[torch.Tensor]], None]
+# Hooks get the linears' names, their inputs (one tensor per sample) and, for o_proj and down_proj, the
+# residual stream their output is added to (None for the stages whose output stays inside the layer).
+StageHook = Callable[[tuple[str, ...], list[torch.Tensor], list[torch.Tensor] | None], None]
+PairedStageHook = Callable[[tuple[str, ...], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None], None]
 
 
 def run_stages(staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
                before_stage: StageHook) -> list[torch.Tensor]:
-    """Run a layer over all samples, calling ``before_stage(linear names, their inputs)`` before each
-    group of linears is used, so the hook may inspect or replace their weights first."""
-    x = [staged.attention_input(h) for h in hidden]
-    before_stage(STAGES[0], x)
-    attended = [staged.attention_core(xi, r) for xi, r in zip(x, rotary)]
+    """Run a layer over all samples, calling ``before_stage(linear names, their inputs, residual)`` before
+    each group of linears is used, so the hook may inspect or replace their weights first."""
+    return _run_streams([(staged, hidden)], rotary,
+                        lambda names, inputs, residual: before_stage(names, inputs[0], residual))[0]
+
+
+def run_paired_stages(staged: StagedLayer, reference: StagedLayer, hidden: list[torch.Tensor],
+                      reference_hidden: list[torch.Tensor], rotary: list[Rotary],
+                      before_stage: PairedStageHook) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the layer being quantized on its inputs and an untouched copy of it on the full-precision
+    model's inputs, side by side: ``before_stage(names, inputs, reference_inputs, residual)`` sees both
+    inputs of each stage, so a method can fit the full-precision outputs. Returns both streams' outputs."""
+    outputs, reference_outputs = _run_streams(
+        [(staged, hidden), (reference, reference_hidden)], rotary,
+        lambda names, inputs, residual: before_stage(names, inputs[0], inputs[1], residual))
+    return outputs, reference_outputs
+
+
+def _run_streams(streams: list[tuple[StagedLayer, list[torch.Tensor]]], rotary: list[Rotary],
+                 before_stage: Callable) -> list[list[torch.Tensor]]:
+    """Each stream is (layer, its per-sample inputs); every stage runs for all streams before the hook,
+    which gets the first stream's residual."""
+    x = [[layer.attention_input(h) for h in hidden] for layer, hidden in streams]
+    before_stage(STAGES[0], x, None)
+    attended = [[layer.attention_core(xi, r) for xi, r in zip(xs, rotary)] for (layer, _), xs in zip(streams, x)]
     del x
-    before_stage(STAGES[1], attended)
-    residual = [staged.attention_output(h, a) for h, a in zip(hidden, attended)]
+    before_stage(STAGES[1], attended, streams[0][1])
+    residual = [[layer.attention_output(h, a) for h, a in zip(hidden, att)]
+                for (layer, hidden), att in zip(streams, attended)]
     del attended
-    x = [staged.mlp_input(r) for r in residual]
-    before_stage(STAGES[2], x)
-    gated = [staged.mlp_core(xi) for xi in x]
+    x = [[layer.mlp_input(r) for r in res] for (layer, _), res in zip(streams, residual)]
+    before_stage(STAGES[2], x, None)
+    gated = [[layer.mlp_core(xi) for xi in xs] for (layer, _), xs in zip(streams, x)]
     del x
-    before_stage(STAGES[3], gated)
-    return [staged.output(r, g) for r, g in zip(residual, gated)]
+    before_stage(STAGES[3], gated, residual[0])
+    return [[layer.output(r, g) for r, g in zip(res, gat)] for (layer, _), res, gat in zip(streams, residual, gated)]
+
+
+@torch.no_grad()
+def residual_token_weights(linear: nn.Module, inputs: list[torch.Tensor],
+                           residual: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-token weights for a linear whose output is added to the residual stream (o_proj, down_proj).
+    The next RMSNorm divides the stream by its root mean square, so an output error on token t reaches
+    the next layer as error / rms_t: weight 1 / rms_t^2 of the stream after the addition. A token with
+    massive activations (an attention sink) otherwise dominates these layers' Hessians although its
+    errors are invisible after the norm."""
+    return [1.0 / (r + linear(x)).pow(2).mean(dim=-1).clamp(min=1e-12) for x, r in zip(inputs, residual)]
+
+
+def weight_tokens(inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Rows scaled by sqrt(weight), so each token's x x^T counts `weight` times in a Hessian."""
+    return [x * w.sqrt()[:, None] for x, w in zip(inputs, weights)]

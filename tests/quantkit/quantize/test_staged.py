@@ -1,7 +1,8 @@
 import torch
 
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.quantize.staged import STAGES, StagedLayer, run_stages
+from quantkit.quantize.staged import (STAGES, StagedLayer, residual_token_weights, run_paired_stages, run_stages,
+                                      weight_tokens)
 
 
 def test_staged_layer_equals_the_transformers_layer(tiny_model):
@@ -14,9 +15,11 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
     with model.layer(1) as layer:
         staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads,
                              config.hidden_size // config.num_attention_heads)
-        ours = run_stages(staged, hidden, rotary, lambda names, inputs: seen.append((names, len(inputs))))
+        ours = run_stages(staged, hidden, rotary,
+                          lambda names, inputs, residual: seen.append((names, len(inputs), residual is None)))
         reference = [model.run_layer(layer, h[None], r)[0] for h, r in zip(hidden, rotary)]
-    assert seen == [(names, 2) for names in STAGES]
+    # o_proj and down_proj (stages 1 and 3) add to the residual stream, and get it
+    assert seen == [(names, 2, i in (0, 2)) for i, names in enumerate(STAGES)]
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -33,3 +36,46 @@ def test_attention_received_hand_case_uniform_attention(tiny_model):
         received = staged.attention_received(x, model.position_embeddings(x[None]))
     expected = torch.tensor([sum(1 / (i + 1) ** 2 for i in range(j, 5)) for j in range(5)]) * 2
     torch.testing.assert_close(received, expected.expand(2, 5))
+
+
+def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
+    # The hook changes the quantized stream's weights; the reference copy must still give the original
+    # layer's outputs, and each stage's hook must see both streams' inputs.
+    import copy
+
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    torch.manual_seed(0)
+    hidden = [torch.randn(n, config.hidden_size) for n in (7, 11)]
+    other = [h + 0.1 * torch.randn_like(h) for h in hidden]
+    rotary = [model.position_embeddings(h[None]) for h in hidden]
+    dim = config.hidden_size // config.num_attention_heads
+    with model.layer(1) as layer:
+        original = run_stages(StagedLayer(copy.deepcopy(layer), config.num_attention_heads,
+                                          config.num_key_value_heads, dim), other, rotary, lambda *_: None)
+        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim)
+        reference = StagedLayer(copy.deepcopy(layer), config.num_attention_heads, config.num_key_value_heads, dim)
+        seen = []
+
+        def hook(names, inputs, reference_inputs, residual):
+            seen.append((names, len(inputs), len(reference_inputs)))
+            for name in names:
+                staged.linear(name).weight.data.mul_(0.5)
+
+        ours, theirs = run_paired_stages(staged, reference, hidden, other, rotary, hook)
+    assert seen == [(names, 2, 2) for names in STAGES]
+    for a, b in zip(theirs, original):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(ours, original))
+
+
+def test_residual_token_weights_are_one_over_the_mean_square_of_the_stream_after_the_addition():
+    linear = torch.nn.Linear(3, 2, bias=False)
+    linear.weight.data = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    x = torch.tensor([[1.0, 2.0, 5.0], [0.0, 0.0, 1.0]])
+    residual = torch.tensor([[1.0, 0.0], [100.0, 0.0]])
+    # stream after the addition: [2, 2] -> mean square 4; [100, 0] -> 5000 (a massive token weighs little)
+    (weights,) = residual_token_weights(linear, [x], [residual])
+    torch.testing.assert_close(weights, torch.tensor([1 / 4, 1 / 5000]))
+    (weighted,) = weight_tokens([x], [weights])
+    torch.testing.assert_close(weighted.T @ weighted, x.T @ torch.diag(weights) @ x)

@@ -1,0 +1,44 @@
+"""Method drivers on the tiny random Llama: options that change what a layer is fitted to."""
+
+import torch
+
+from quantkit.calibration.layerwise import LayerwiseModel
+from quantkit.quantize.drivers import GPTQDriver
+from quantkit.quantize.staged import StagedLayer
+from quantkit.recipes import Recipe
+
+
+def _gptq(**options) -> Recipe:
+    return Recipe.model_validate({"name": "t", "quantization": {"method": "gptq", **options},
+                                  "weights": {"bits": 4, "group_size": 32}})
+
+
+def _staged(model: LayerwiseModel, layer) -> StagedLayer:
+    c = model.config
+    return StagedLayer(layer, c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads)
+
+
+def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
+    # Layer 0 is quantized, so layer 1's inputs drift from the full-precision model's. Fitting layer 1
+    # to the full-precision outputs must leave its outputs closer to them than fitting its own outputs.
+    model = LayerwiseModel(tiny_model)
+    torch.manual_seed(0)
+    samples = [torch.randint(3, 390, (48,)).tolist() for _ in range(24)]
+    hidden = [h[0] for h in model.embed(samples)]
+    rotary = [model.position_embeddings(h[None]) for h in hidden]
+    with model.layer(0) as layer:
+        staged = _staged(model, layer)
+        fp_hidden = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
+        q_hidden = GPTQDriver(_gptq(), "model.layers.0").quantize_layer(staged, hidden, rotary).outputs
+    with model.layer(1) as layer:
+        fp_out = [_staged(model, layer).forward(h, r) for h, r in zip(fp_hidden, rotary)]
+    errors = {}
+    for fp_targets in (0.0, 1.0):
+        with model.layer(1) as layer:
+            done = GPTQDriver(_gptq(fp_targets=fp_targets), "model.layers.1").quantize_layer(
+                _staged(model, layer), q_hidden, rotary, reference_hidden=fp_hidden)
+        errors[fp_targets] = sum(float((a - b).square().sum()) for a, b in zip(done.outputs, fp_out))
+        if fp_targets:  # the full-precision stream comes back unchanged for the next layer
+            for a, b in zip(done.reference_outputs, fp_out):
+                torch.testing.assert_close(a, b)
+    assert errors[1.0] < 0.8 * errors[0.0], errors
