@@ -93,3 +93,14 @@ def test_divergence_gap_is_the_logit_difference_at_the_first_mismatch(tiny_model
     assert divergence_gap(model, prompt, ours, theirs) == pytest.approx(expected, abs=1e-5)
     assert expected > 0  # ours is the argmax
     assert divergence_gap(model, prompt, ours, list(ours)) is None
+
+
+def test_the_float64_control_of_a_dense_model_agrees_with_its_float32_run(tiny_model):
+    from quantkit.bench.prompts import Prompt
+    from quantkit.bench.vllm_agreement import quantkit_continuations
+
+    prompts = [Prompt(source="t", dataset="t", token_ids=[5 + i, 17, 42, 9]) for i in range(3)]
+    ours, gaps = quantkit_continuations(tiny_model, prompts, 5, False, [[1] * 5] * 3)
+    control, no_gaps = quantkit_continuations(tiny_model, prompts, 5, False, None, dtype=torch.float64)
+    assert control == ours and no_gaps == [] and len(gaps) == 3
+    assert agreement(ours, control, 5)["agree"] == 3
