@@ -56,9 +56,6 @@ class AWQMethod(_Strict):
     duo_scaling: bool = True
     clip: bool = True
     n_grid: int = Field(20, ge=2)
-    # o_proj / down_proj errors count relative to the residual stream they are added to (see
-    # quantize.staged.residual_token_weights)
-    residual_weighted: bool = False
 
 
 class GPTQMethod(_Strict):

@@ -180,11 +180,9 @@ class AWQDriver(Driver):
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual: list[torch.Tensor] | None) -> None:
+        def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
-            if options.residual_weighted and residual is not None:
-                inputs = weight_tokens(inputs, residual_token_weights(staged.linear(names[0]), inputs, residual))
             observed[names] = (gptq.input_hessian(inputs), x_mean)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
