@@ -119,7 +119,11 @@ class OpenAIServing:
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self.engine_loop.submit(call.submissions, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-        first = await events.get()
+        try:
+            first = await events.get()
+        except asyncio.CancelledError:  # the handler went (shutdown) before admission: admitted later, it must end
+            self.engine_loop.abort([s.request_id for s in call.submissions])
+            raise
         if isinstance(first, Refused):
             return error_response(503, f"the server is busy: {first.num_waiting} requests are waiting; retry later",
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
