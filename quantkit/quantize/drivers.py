@@ -3,9 +3,11 @@
 - RTN needs no data.
 - GPTQ quantizes stage by stage (q/k/v, o, gate/up, down); each stage's Hessian comes from inputs that
   already went through the quantized stages before it, and the quantized output propagates. v_proj
-  goes one KV head at a time with tokens weighted by the attention they receive. With fp_targets an
-  untouched copy of the layer runs beside it on the full-precision model's inputs, and each linear
-  fits the full-precision output instead of its own output on the quantized inputs.
+  goes one KV head at a time with tokens weighted by the attention they receive; with residual_weighted,
+  o_proj and down_proj tokens by 1 / rms^2 of the residual stream they feed. With fp_targets an
+  untouched copy of the layer runs beside it on the full-precision model's inputs, and each linear's
+  target moves that fraction of the way from its own output on the quantized inputs to the
+  full-precision output.
 - FP8 casts weights per output channel (no data); static recipes take each stage's input absmax as its
   per-tensor input scale, with the fp8 outputs of earlier stages propagating.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
