@@ -84,9 +84,6 @@ def tensor_mib(module: torch.nn.Module) -> float:
     """Bytes of a module's parameters and buffers, each storage counted once (tied weights share one)."""
     seen, total = set(), 0
     for t in [*module.parameters(), *module.buffers()]:
-        if t.is_mkldnn:  # oneDNN's packed weights (PackedLinear) are opaque: their own storage, dense size
-            total += t.numel() * t.element_size()
-            continue
         key = t.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)

@@ -1,5 +1,4 @@
-"""Linear layers for quantized checkpoints (W4A16 INT4 and FP8 weights, kept quantized in memory) and the
-CPU form of dense ones.
+"""Linear layers for quantized checkpoints: W4A16 INT4 and FP8 weights, kept quantized in memory.
 
 Int4Linear holds one of two forms, chosen once at load:
 - the runtime INT4 layout (what the Triton kernel and the torch reference read):
@@ -99,32 +98,6 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight.to(x.dtype) * self.weight_scale, self.bias)
-
-
-class PackedLinear(nn.Module):
-    """A dense float32 linear on CPU with its weight reordered once into oneDNN's blocked layout, so no call
-    repacks it: measured 1.25-1.4x the GFLOP/s of F.linear on the 49,152-row lm_head at 64 rows, and
-    4-6% more decode tokens/s end to end (`quantkit bench offline`). The packed weight replaces the
-    plain one; a tied lm_head keeps the embedding table beside it."""
-
-    def __init__(self, linear: nn.Linear, expected_rows: int):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().contiguous()
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, expected_rows))
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, backend=cpu-onednn-packed"
-
-
-def can_pack_dense(dtype: torch.dtype, kernels: str, device: torch.device) -> bool:
-    """Whether dense linears take the packed CPU form: float32 on CPU under "auto" where oneDNN is built in."""
-    return (kernels == "auto" and device.type == "cpu" and dtype == torch.float32
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def _backend(kernels: str, device: torch.device, out_features: int, group_size: int,

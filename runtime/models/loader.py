@@ -18,7 +18,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import read_checkpoint
 from quantkit.formats.float_quantized import per_layer_kv_scales
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
-from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear, PackedLinear, can_pack_dense
+from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear
 from quantkit.runtime.models.llama import LlamaConfig, LlamaForCausalLM
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -60,19 +60,9 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
     for layer in model.model.layers:
         layer.self_attn.rotary = rotary
     model, kv_scales = model.to(device).eval(), _kv_scales(dense)
-    if can_pack_dense(dtype, kernels, device):
-        _pack_dense_linears(model)
     del dense, quantized, tensors, state, converted
     _release_freed_memory()
     return model, kv_scales
-
-
-def _pack_dense_linears(model: nn.Module, expected_rows: int = 64) -> None:
-    """Every dense nn.Linear becomes a PackedLinear (expected_rows: a decode batch; any row count runs)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child, expected_rows))
 
 
 def _runtime_state(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:

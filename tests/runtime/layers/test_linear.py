@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
-from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear, PackedLinear, can_pack_dense
+from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear
 
 CPU = torch.device("cpu")
 
@@ -63,22 +63,3 @@ def test_fp8_linear_keeps_one_byte_weights_and_matches_the_dequantized_weights()
     x = torch.randn(4, 64)
     want = x @ torch.cat([w.dequantize() for w in weights]).T
     torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(not can_pack_dense(torch.float32, "auto", torch.device("cpu")), reason="no oneDNN in this torch")
-@pytest.mark.parametrize("rows", [1, 7, 64, 130])
-@pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_equals_the_dense_linear_for_any_row_count(rows, bias):
-    torch.manual_seed(0)
-    dense = torch.nn.Linear(96, 80, bias=bias)
-    packed = PackedLinear(dense, expected_rows=64)
-    assert not hasattr(packed, "weight")  # the packed copy replaces the plain weight
-    x = torch.randn(rows, 96)
-    torch.testing.assert_close(packed(x), dense(x), rtol=1e-5, atol=1e-5)
-
-
-def test_only_float32_cpu_under_auto_packs():
-    cpu = torch.device("cpu")
-    assert not can_pack_dense(torch.bfloat16, "auto", cpu)
-    assert not can_pack_dense(torch.float32, "reference", cpu)
-    assert not can_pack_dense(torch.float32, "auto", torch.device("meta"))
