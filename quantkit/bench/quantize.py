@@ -35,7 +35,7 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
         eval_file = _write_eval_tokens(path, eval_dataset, max_seq_len, work / "eval.safetensors")
         rows = []
         for recipe in recipes:
-            out = work / recipe
+            out = work / Path(recipe).stem  # a recipe may be a YAML path
             row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
             rows.append(row | {"name": f"quantkit {recipe}", "path": str(out)})
         if peers:
