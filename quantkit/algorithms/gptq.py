@@ -62,14 +62,15 @@ def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.T
 
 
 def target_errors(weight: torch.Tensor, approxes: list[torch.Tensor], reference_hessian: torch.Tensor,
-                  cross: torch.Tensor, hessian: torch.Tensor) -> list[float]:
-    """||X_ref W^T - X A^T||^2 = tr(W H_ref W^T) - 2 tr(W D A^T) + tr(A H A^T) for each A, sharing the
-    terms of W. Products in float32, their sums in float64: the error is a difference of large terms."""
+                  cross: torch.Tensor, hessian: torch.Tensor) -> tuple[float, list[float]]:
+    """The full-precision output energy tr(W H_ref W^T), and for each A the error against it,
+    ||X_ref W^T - X A^T||^2 = tr(W H_ref W^T) - 2 tr(W D A^T) + tr(A H A^T), sharing the terms of W.
+    Products in float32, their sums in float64: the error is a difference of large terms."""
     w = weight.float()
     energy = ((w @ reference_hessian) * w).double().sum()
     w_cross = w @ cross
-    return [float(energy - 2 * (w_cross * a).double().sum() + ((a.float() @ hessian) * a).double().sum())
-            for a in approxes]
+    return float(energy), [float(energy - 2 * (w_cross * a).double().sum() + ((a.float() @ hessian) * a).double().sum())
+                           for a in approxes]
 
 
 def inverse_hessian_factor(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor | None, float]:

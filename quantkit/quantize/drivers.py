@@ -97,9 +97,9 @@ class StageData:
         same inputs, or with reference inputs against the full-precision model's output."""
         if self.cross is None:
             return relative_errors(original, self.hessian, scheme, effective)
-        energy = max(float(((original @ self.reference_hessian) * original).sum()), 1e-30)
-        rtn, method = gptq.target_errors(original, [fake_quantize(original, scheme), effective],
-                                         self.reference_hessian, self.cross, self.hessian)
+        energy, (rtn, method) = gptq.target_errors(original, [fake_quantize(original, scheme), effective],
+                                                   self.reference_hessian, self.cross, self.hessian)
+        energy = max(energy, 1e-30)
         return rtn / energy, method / energy
 
 

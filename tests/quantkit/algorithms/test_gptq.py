@@ -98,7 +98,10 @@ def test_target_error_is_the_output_error_against_the_full_precision_outputs():
     x_ref = torch.randn(50, 6)
     x, w = x_ref + 0.1 * torch.randn(50, 6), torch.randn(3, 6)
     approxes = [w + 0.05 * torch.randn(3, 6), torch.randn(3, 6)]
-    ours = target_errors(w, approxes, input_hessian([x_ref]), cross_covariance([x_ref], [x]), input_hessian([x]))
+    energy, ours = target_errors(w, approxes, input_hessian([x_ref]), cross_covariance([x_ref], [x]),
+                                 input_hessian([x]))
+    direct_energy = float(((x_ref.double() @ w.double().T) ** 2).sum())
+    assert abs(energy - direct_energy) <= 1e-4 * direct_energy
     for a, error in zip(approxes, ours):
         direct = float(((x_ref.double() @ w.double().T - x.double() @ a.double().T) ** 2).sum())
         assert abs(error - direct) <= 1e-4 * direct
