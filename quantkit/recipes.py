@@ -71,6 +71,8 @@ class GPTQMethod(_Strict):
     # o_proj / down_proj errors count relative to the residual stream they are added to (see
     # quantize.staged.residual_token_weights)
     residual_weighted: bool = False
+    # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
+    refit_scales: bool = False
 
 
 class FP8Method(_Strict):

@@ -148,3 +148,40 @@ def _group_params(w: torch.Tensor, scheme: WeightScheme, params) -> tuple[torch.
     groups, width = scheme.groups(in_features), scheme.width(in_features)
     scale, zero = params(w.reshape(out_features * groups, width), scheme)
     return scale.reshape(out_features, groups), zero.reshape(out_features, groups)
+
+
+def refit_scales(quantized: QuantizedWeight, target: torch.Tensor, hessian: torch.Tensor, damp: float,
+                 scale_dtype: torch.dtype = torch.float16) -> QuantizedWeight:
+    """Keep the codes and zero points, and re-solve each row's group scales by least squares on the
+    output error tr((T - Q) H (T - Q)^T), H damped as GPTQ damps it. GPTQ fixes a group's scale
+    before it has chosen the codes (and then moves the later columns), so the scales it ends with
+    are rarely the best ones for its codes. Zero points stay integers as the formats store them,
+    so each row is linear in its scales s: Q = sum_g s_g A_g with A = q - zero, and the best s
+    solves M s = r, M_gh = A_g H A_h^T, r_g = A_g H T^T. A row keeps its old scales when the new
+    ones (rounded to ``scale_dtype``) are not positive or do not lower its error."""
+    out_features, in_features = target.shape
+    groups = quantized.scale.shape[1]
+    width = in_features // groups
+    if quantized.g_idx is not None or groups * width != in_features:
+        return quantized  # only contiguous groups
+    h = hessian.float() + damp * float(hessian.diagonal().mean()) * torch.eye(in_features)
+    codes = quantized.q.float() - quantized.zero.float().repeat_interleave(width, dim=1)  # A, [out, in]
+    r = (codes * (target.float() @ h)).view(out_features, groups, width).sum(-1).double()
+    m = torch.empty(out_features, groups, groups)
+    for g in range(groups):
+        columns = slice(g * width, (g + 1) * width)
+        m[:, g, :] = ((codes[:, columns] @ h[columns, :]) * codes).view(out_features, groups, width).sum(-1)
+    m = m.double()
+    ridge = 1e-9 * m.diagonal(dim1=1, dim2=2).clamp(min=1e-30)
+    new = torch.linalg.solve(m + torch.diag_embed(ridge), r.unsqueeze(-1)).squeeze(-1)
+    old = quantized.scale.double()
+    new = torch.where(torch.isfinite(new) & (new > 0), new, old)
+    new = new.clamp(min=torch.finfo(scale_dtype).tiny).to(scale_dtype).double()
+
+    def error(s: torch.Tensor) -> torch.Tensor:  # up to the constant tr(T H T^T)
+        return (s.unsqueeze(1) @ m @ s.unsqueeze(-1)).view(-1) - 2 * (r * s).sum(-1)
+
+    better = error(new) < error(old)
+    scale = torch.where(better[:, None], new, old).float()
+    return QuantizedWeight(q=quantized.q, scale=scale, zero=quantized.zero, bits=quantized.bits,
+                           group_size=quantized.group_size, symmetric=quantized.symmetric)

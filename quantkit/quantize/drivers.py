@@ -154,6 +154,8 @@ class GPTQDriver(Driver):
             weight = weight + options.fp_targets * (target - weight)
         done = gptq.gptq_quantize(weight, data.hessian, self.scheme, block_size=options.block_size,
                                   damp=options.dampening, act_order=options.act_order, mse=options.mse)
+        if options.refit_scales and not done.rtn_fallback:
+            done.weight = gptq.refit_scales(done.weight, weight, data.hessian, done.damp, self.scale_dtype)
         note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
             f"damp raised to {done.damp}" if done.damp != options.dampening else "")
         return done.weight, note

@@ -1,7 +1,7 @@
 import torch
 
 from quantkit.algorithms.gptq import (cross_covariance, fp_target_weight, gptq_quantize, input_hessian,
-                                      inverse_hessian_factor, target_errors)
+                                      inverse_hessian_factor, refit_scales, target_errors)
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize
 
 SCHEME = WeightScheme(4, 8, True, torch.float32)
@@ -123,3 +123,34 @@ def test_gptq_on_the_fp_target_beats_gptq_on_the_weight_against_full_precision_o
         return float(((x_ref_test @ w.T - x_test @ q.T) ** 2).sum())
 
     assert error(fitted) < 0.5 * error(plain)
+
+
+def test_refit_scales_solves_the_least_squares_for_fixed_codes():
+    # With identity H and one group per row, the best scale for codes A is <A, w> / <A, A>.
+    scheme = WeightScheme(4, -1, False, torch.float32)
+    w = torch.tensor([[0.3, -0.7, 1.1, 0.05]])
+    quantized = gptq_quantize(w, torch.eye(4), scheme, damp=1e-6).weight
+    codes = quantized.q.float() - quantized.zero.float()
+    best = float((codes * w).sum() / (codes * codes).sum())
+    refit = refit_scales(quantized, w, torch.eye(4), damp=1e-6, scale_dtype=torch.float32)
+    assert torch.equal(refit.q, quantized.q) and torch.equal(refit.zero, quantized.zero)
+    assert abs(float(refit.scale) - best) <= 1e-5 * best
+
+
+def test_refit_scales_never_raises_a_rows_output_error():
+    torch.manual_seed(0)
+    scheme = WeightScheme(4, 16, False, torch.float16)
+    x = torch.randn(1000, 64) @ torch.randn(64, 64) + torch.randn(64)
+    w, h = torch.randn(24, 64), input_hessian([x])
+    quantized = gptq_quantize(w, h, scheme, act_order=True, mse=True).weight
+    refit = refit_scales(quantized, w, h, damp=0.01, scale_dtype=torch.float16)
+    hd = h + 0.01 * h.diagonal().mean() * torch.eye(64)
+
+    def row_errors(q):
+        d = (w - q.dequantize()).double()
+        return ((d @ hd.double()) * d).sum(dim=1)
+
+    before, after = row_errors(quantized), row_errors(refit)
+    assert torch.all(after <= before * (1 + 1e-9))
+    assert after.sum() < 0.98 * before.sum()
+    assert torch.equal(refit.scale, refit.scale.half().float())  # stored scales stay representable

@@ -42,3 +42,22 @@ def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
             for a, b in zip(done.reference_outputs, fp_out):
                 torch.testing.assert_close(a, b)
     assert errors[1.0] < 0.8 * errors[0.0], errors
+
+
+def test_refit_scales_keeps_the_codes_and_lowers_the_layers_output_errors(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    torch.manual_seed(0)
+    samples = [torch.randint(3, 390, (48,)).tolist() for _ in range(24)]
+    hidden = [h[0] for h in model.embed(samples)]
+    rotary = [model.position_embeddings(h[None]) for h in hidden]
+    done = {}
+    for refit in (False, True):
+        with model.layer(0) as layer:
+            done[refit] = GPTQDriver(_gptq(refit_scales=refit, dampening=0.1), "model.layers.0").quantize_layer(
+                _staged(model, layer), hidden, rotary)
+    # q/k/v see the same inputs either way: same codes, other scales
+    for name in ("self_attn.q_proj", "self_attn.k_proj"):
+        assert torch.equal(done[True].quantized[name].q, done[False].quantized[name].q)
+        assert not torch.equal(done[True].quantized[name].scale, done[False].quantized[name].scale)
+    plain, refit = (sum(r.error for r in done[k].reports) for k in (False, True))
+    assert refit < plain, (refit, plain)
