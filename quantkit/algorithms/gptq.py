@@ -94,8 +94,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
 
     With ``act_order`` columns are visited by decreasing Hessian diagonal; group parameters are then
     computed up front from the original weight (static groups), so groups stay contiguous and no
-    g_idx needs to be stored. With ``mse`` each group's range may shrink where that lowers rounding error."""
-    params = mse_grid_params if mse else grid_params
+    g_idx needs to be stored. With ``mse`` each group's range may shrink where that lowers its rounding
+    error, each column's error weighted by its input's energy (diag H)."""
     w = weight.detach().clone().float()
     h = hessian.detach().clone().float()
     out_features, in_features = w.shape
@@ -105,7 +105,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     width = scheme.width(in_features)
     if block_size % width and width % block_size:
         block_size = width
-    static = _group_params(w, scheme, params) if act_order or scheme.group_size == -1 else None
+    # With mse, a column's rounding error counts by its input's energy (diag H), as in the output error.
+    energy = h.diagonal().clone() if mse else None
+    static = _group_params(w, scheme, energy) if act_order or scheme.group_size == -1 else None
     perm = torch.argsort(h.diagonal(), descending=True) if act_order else torch.arange(in_features)
     w, h = w[:, perm], h[perm][:, perm]
     hinv, damp_used = inverse_hessian_factor(h, damp)
@@ -125,7 +127,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
             if static is not None:
                 scale, zero = static[0][:, group], static[1][:, group]
             elif (start + i) % width == 0:  # dynamic groups: parameters from the error-updated columns
-                scale, zero = params(block[:, i:i + width], scheme)
+                columns = perm[start + i:start + i + width]
+                scale, zero = _row_params(block[:, i:i + width], scheme, None if energy is None else energy[columns])
                 scales[:, group], zeros[:, group] = scale, zero
             codes = quantize_to_grid(block[:, i], scale, zero, scheme.max_q)
             dequantized = (codes - zero) * scale
@@ -143,10 +146,20 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     return GPTQResult(weight=weight_out, damp=damp_used, rtn_fallback=rtn_fallback)
 
 
-def _group_params(w: torch.Tensor, scheme: WeightScheme, params) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_params(rows: torch.Tensor, scheme: WeightScheme,
+                column_energy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero of each row (one group): min/max, or with column energies the MSE grid weighted by them."""
+    if column_energy is None:
+        return grid_params(rows, scheme)
+    return mse_grid_params(rows, scheme, column_weights=column_energy)
+
+
+def _group_params(w: torch.Tensor, scheme: WeightScheme,
+                  column_energy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     out_features, in_features = w.shape
     groups, width = scheme.groups(in_features), scheme.width(in_features)
-    scale, zero = params(w.reshape(out_features * groups, width), scheme)
+    energy = None if column_energy is None else column_energy.view(groups, width).repeat(out_features, 1)
+    scale, zero = _row_params(w.reshape(out_features * groups, width), scheme, energy)
     return scale.reshape(out_features, groups), zero.reshape(out_features, groups)
 
 

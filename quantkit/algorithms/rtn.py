@@ -52,11 +52,13 @@ def grid_params(w: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, to
     return scale, zero.clamp(0, scheme.max_q)
 
 
-def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20,
-                    max_shrink: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20, max_shrink: float = 0.2,
+                    column_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Like grid_params, but shrink each row's range by up to ``max_shrink`` where that lowers the
     squared rounding error (GPTQ's "mse" grid: clipping a few outliers buys resolution for the rest).
-    All candidate ranges are scored in one batched pass."""
+    All candidate ranges are scored in one batched pass. ``column_weights`` (broadcast to [rows, columns])
+    weigh each column's squared error, e.g. by its input's energy, so the range favours the columns that
+    matter for the layer's output."""
     w = w.float()
     rows = w.shape[0]
     factors = 1 - max_shrink * torch.arange(steps + 1, dtype=torch.float32) / steps  # 1.0 first
@@ -65,7 +67,10 @@ def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20,
     scale, zero = grid_params(candidates.reshape(-1, 2), scheme)
     scale, zero = scale.view(steps + 1, rows, 1), zero.view(steps + 1, rows, 1)
     q = quantize_to_grid(w[None], scale, zero, scheme.max_q)
-    error = ((q - zero) * scale - w[None]).square().sum(dim=2)  # [candidates, rows]
+    error = ((q - zero) * scale - w[None]).square()
+    if column_weights is not None:
+        error = error * column_weights
+    error = error.sum(dim=2)  # [candidates, rows]
     best = error.argmin(dim=0)  # ties keep the widest range (factor 1.0 comes first)
     pick = torch.arange(rows)
     return scale[best, pick, 0], zero[best, pick, 0]

@@ -55,3 +55,21 @@ def test_mse_grid_never_rounds_worse_and_shrinks_around_an_outlier():
     searched = mse_grid_params(w, scheme)
     assert (squared_error(*searched) <= squared_error(*plain) + 1e-6).all()
     assert searched[0][0] < plain[0][0]  # row 0 trades the outlier for finer steps
+
+
+def test_weighted_mse_grid_clips_a_large_weight_whose_input_is_quiet():
+    # Row: one large weight on a column whose input barely moves, the rest small. Unweighted, clipping
+    # the large weight costs more than it gains; weighted by input energy it is nearly free to clip.
+    from quantkit.algorithms.rtn import mse_grid_params
+
+    torch.manual_seed(0)
+    w = 0.3 * torch.randn(1, 64)
+    w[0, 0] = 2.0
+    scheme = WeightScheme(4, -1, False, torch.float32)
+    full = grid_params(w, scheme)[0]
+    plain = mse_grid_params(w, scheme)[0]
+    quiet_first = torch.ones(64)
+    quiet_first[0] = 1e-4
+    weighted = mse_grid_params(w, scheme, column_weights=quiet_first)[0]
+    assert plain > 0.9 * full
+    assert weighted < 0.85 * full
