@@ -19,6 +19,7 @@ from quantkit.runtime.layers.norm import RMSNorm
 from quantkit.runtime.layers.rotary import RotaryEmbedding
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+LOGITS_SLICE = 2048  # vocabulary rows per lm_head product on CPU
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        head = self.lm_head
+        if hidden.device.type != "cpu" or type(head) is not nn.Linear or head.out_features <= LOGITS_SLICE:
+            return head(hidden)
+        # On CPU MKL runs a [64, 576] x [576, 49152] product 15-25% faster in vocabulary slices whose output
+        # stays in cache than in one call (1 thread; see docs/runtime.md).
+        return torch.cat([F.linear(hidden, rows) for rows in head.weight.split(LOGITS_SLICE)], dim=1)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
