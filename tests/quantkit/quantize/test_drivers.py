@@ -18,14 +18,19 @@ def _staged(model: LayerwiseModel, layer) -> StagedLayer:
     return StagedLayer(layer, c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads)
 
 
+def _layer_inputs(model: LayerwiseModel) -> tuple[list[torch.Tensor], list]:
+    """Layer 0's inputs and rotary tables for 24 random token sequences."""
+    torch.manual_seed(0)
+    samples = [torch.randint(3, 390, (48,)).tolist() for _ in range(24)]
+    hidden = [h[0] for h in model.embed(samples)]
+    return hidden, [model.position_embeddings(h[None]) for h in hidden]
+
+
 def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
     # Layer 0 is quantized, so layer 1's inputs drift from the full-precision model's. Fitting layer 1
     # to the full-precision outputs must leave its outputs closer to them than fitting its own outputs.
     model = LayerwiseModel(tiny_model)
-    torch.manual_seed(0)
-    samples = [torch.randint(3, 390, (48,)).tolist() for _ in range(24)]
-    hidden = [h[0] for h in model.embed(samples)]
-    rotary = [model.position_embeddings(h[None]) for h in hidden]
+    hidden, rotary = _layer_inputs(model)
     with model.layer(0) as layer:
         staged = _staged(model, layer)
         fp_hidden = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
@@ -46,10 +51,7 @@ def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
 
 def test_refit_scales_keeps_the_codes_and_lowers_the_layers_output_errors(tiny_model):
     model = LayerwiseModel(tiny_model)
-    torch.manual_seed(0)
-    samples = [torch.randint(3, 390, (48,)).tolist() for _ in range(24)]
-    hidden = [h[0] for h in model.embed(samples)]
-    rotary = [model.position_embeddings(h[None]) for h in hidden]
+    hidden, rotary = _layer_inputs(model)
     done = {}
     for refit in (False, True):
         with model.layer(0) as layer:
