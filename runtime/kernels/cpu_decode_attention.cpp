@@ -5,6 +5,11 @@
 // walks each sequence's block table in place. Caches are float32, or uint8 bytes of float8_e4m3fn decoded
 // through a 256-entry table (value = fp8 * scale, the compressed-tensors / vLLM convention).
 //
+// One task per sequence. Its cached rows are located once (an fp8 sequence is decoded once into a float
+// buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
+// and 128 use explicit 16-float vectors (left to itself, GCC vectorized the token loop with gathers,
+// slower than scalar code); other sizes take plain loops.
+//
 //   q            [B, heads, D] float32
 //   k/v_cache    [slots, kv_heads, D] float32 or uint8, slot = block_id * block_size + offset
 //   block_tables [B, max_blocks] int64;  context_lens [B] int64
@@ -16,67 +21,147 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace {
 
-// A cached K or V row as float32: in place for a float32 cache, decoded into `buffer` for fp8 bytes.
-inline const float* row(const float* cached, const float*, float, int64_t, float*) { return cached; }
-inline const float* row(const uint8_t* cached, const float* fp8_table, float scale, int64_t dim, float* buffer) {
-  for (int64_t d = 0; d < dim; ++d) buffer[d] = fp8_table[cached[d]] * scale;
-  return buffer;
+struct Args {
+  const float* q;
+  const int64_t* tables;
+  const int64_t* lens;
+  const float* fp8_table;
+  float* out;
+  int64_t batch, heads, kv_heads, dim, max_blocks, block_size;
+  float scale, k_scale, v_scale;
+};
+
+// Per-task scratch, reused across sequences.
+struct Scratch {
+  std::vector<const float*> keys, values;  // row of token t (KV head 0; heads follow at dim strides)
+  std::vector<float> scores, totals, k_decoded, v_decoded;
+  std::vector<int64_t> offsets;
+};
+
+// Where each of the sequence's tokens lives: in the float32 cache itself, or decoded from fp8 bytes.
+void locate_rows(const Args& a, const float* cache, int64_t b, std::vector<const float*>& rows, std::vector<float>&,
+                 float) {
+  const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
+  const int64_t* table = a.tables + b * a.max_blocks;
+  rows.resize(len);
+  for (int64_t t = 0; t < len; ++t) rows[t] = cache + (table[t / bs] * bs + t % bs) * width;
+}
+
+void locate_rows(const Args& a, const uint8_t* cache, int64_t b, std::vector<const float*>& rows,
+                 std::vector<float>& decoded, float scale) {
+  const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
+  const int64_t* table = a.tables + b * a.max_blocks;
+  rows.resize(len);
+  decoded.resize(len * width);
+  for (int64_t t = 0; t < len; ++t) {
+    const uint8_t* bytes = cache + (table[t / bs] * bs + t % bs) * width;
+    float* row = decoded.data() + t * width;
+    for (int64_t i = 0; i < width; ++i) row[i] = a.fp8_table[bytes[i]] * scale;
+    rows[t] = row;
+  }
+}
+
+// Sixteen floats as one vector (GCC/Clang vector extensions: one AVX-512 register, or two AVX ones).
+constexpr int kLanes = 16;
+typedef float Vec __attribute__((vector_size(4 * kLanes)));
+typedef float VecUnaligned __attribute__((vector_size(4 * kLanes), aligned(4)));
+
+inline Vec load(const float* p) { return *reinterpret_cast<const VecUnaligned*>(p); }
+inline void store(float* p, Vec v) { *reinterpret_cast<VecUnaligned*>(p) = v; }
+inline float lane_sum(Vec v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// kVectors > 0: the head dimension is 16 * kVectors (explicit vectors); 0: any dimension, plain loops.
+template <int kVectors>
+inline float dot(const float* x, const float* y, int64_t dim) {
+  if constexpr (kVectors > 0) {
+    Vec acc = load(x) * load(y);
+    for (int i = 1; i < kVectors; ++i) acc += load(x + kLanes * i) * load(y + kLanes * i);
+    return lane_sum(acc);
+  } else {
+    float acc = 0.f;
+    for (int64_t d = 0; d < dim; ++d) acc += x[d] * y[d];
+    return acc;
+  }
+}
+
+template <int kVectors>
+inline void add_scaled(float* acc, float p, const float* v, int64_t dim) {
+  if constexpr (kVectors > 0) {
+    for (int i = 0; i < kVectors; ++i) store(acc + kLanes * i, load(acc + kLanes * i) + p * load(v + kLanes * i));
+  } else {
+    for (int64_t d = 0; d < dim; ++d) acc[d] += p * v[d];
+  }
+}
+
+constexpr int64_t kAhead = 4;
+inline void prefetch_row(const float* row, int64_t width) {
+  for (int64_t i = 0; i < width; i += 16) __builtin_prefetch(row + i);
+}
+
+// Token by token, each cached row (every KV head) is read once, in order, for all query heads: the
+// cache is streamed from memory, which bounds this kernel, and the query heads' dot products are
+// independent work for the core to overlap.
+template <typename CacheT, int kVectors>
+void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache, int64_t b, Scratch& w) {
+  const int64_t dim = a.dim, heads = a.heads, group = heads / a.kv_heads, len = a.lens[b];
+  locate_rows(a, k_cache, b, w.keys, w.k_decoded, a.k_scale);
+  locate_rows(a, v_cache, b, w.values, w.v_decoded, a.v_scale);
+  w.scores.resize(heads * len);  // [token, head]
+  w.offsets.resize(heads);
+  for (int64_t h = 0; h < heads; ++h) w.offsets[h] = (h / group) * dim;  // a query head's KV head in a row
+  const int64_t* offset = w.offsets.data();
+  const float* q = a.q + b * heads * dim;
+  float* s = w.scores.data();
+  const int64_t width = a.kv_heads * dim;
+  for (int64_t t = 0; t < len; ++t) {
+    if (t + kAhead < len) prefetch_row(w.keys[t + kAhead], width);
+    const float* key = w.keys[t];
+    for (int64_t h = 0; h < heads; ++h) s[t * heads + h] = dot<kVectors>(q + h * dim, key + offset[h], dim) * a.scale;
+  }
+  // Softmax per head in float32; 1 / sum is applied to the output at the end.
+  std::vector<float>& total = w.totals;
+  total.assign(heads, 0.f);
+  for (int64_t h = 0; h < heads; ++h) {
+    float m = s[h];
+    for (int64_t t = 1; t < len; ++t) m = std::max(m, s[t * heads + h]);
+    for (int64_t t = 0; t < len; ++t) total[h] += (s[t * heads + h] = std::exp(s[t * heads + h] - m));
+  }
+  float* out = a.out + b * heads * dim;
+  std::fill(out, out + heads * dim, 0.f);
+  for (int64_t t = 0; t < len; ++t) {
+    if (t + kAhead < len) prefetch_row(w.values[t + kAhead], width);
+    const float* value = w.values[t];
+    for (int64_t h = 0; h < heads; ++h) add_scaled<kVectors>(out + h * dim, s[t * heads + h], value + offset[h], dim);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inv = 1.f / total[h];
+    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] *= inv;
+  }
+}
+
+template <typename CacheT, int kVectors>
+void decode(const Args& a, const CacheT* k_cache, const CacheT* v_cache) {
+  at::parallel_for(0, a.batch, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t b = begin; b < end; ++b) decode_sequence<CacheT, kVectors>(a, k_cache, v_cache, b, scratch);
+  });
 }
 
 template <typename CacheT>
-void decode(const float* q, const CacheT* k_cache, const CacheT* v_cache, const int64_t* tables,
-            const int64_t* lens, const float* fp8_table, float* out, int64_t batch, int64_t heads,
-            int64_t kv_heads, int64_t dim, int64_t max_blocks, int64_t block_size, float scale, float k_scale,
-            float v_scale) {
-  const int64_t group = heads / kv_heads;
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(group * dim);
-    std::vector<float> krow(dim), vrow(dim);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kv_heads, kvh = task % kv_heads, len = lens[b];
-      const float* qb = q + (b * heads + kvh * group) * dim;  // this KV head's query heads, contiguous
-      scores.assign(group * len, 0.f);
-      // Pass 1: scores of every query head of the group against every cached key.
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = tables[b * max_blocks + t / block_size] * block_size + t % block_size;
-        const float* key = row(k_cache + (slot * kv_heads + kvh) * dim, fp8_table, k_scale, dim, krow.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qb + g * dim;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < dim; ++d) s += qg[d] * key[d];
-          scores[g * len + t] = s * scale;
-        }
-      }
-      // Softmax per query head, in float32.
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * len;
-        const float m = *std::max_element(s, s + len);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) sum += (s[t] = std::exp(s[t] - m));
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-      }
-      // Pass 2: probability-weighted values.
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = tables[b * max_blocks + t / block_size] * block_size + t % block_size;
-        const float* value = row(v_cache + (slot * kv_heads + kvh) * dim, fp8_table, v_scale, dim, vrow.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + t];
-          float* a = acc.data() + g * dim;
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * value[d];
-        }
-      }
-      std::copy(acc.begin(), acc.end(), out + (b * heads + kvh * group) * dim);
-    }
-  });
+void decode_any_dim(const Args& a, const CacheT* k_cache, const CacheT* v_cache) {
+  switch (a.dim) {
+    case 64: return decode<CacheT, 64 / kLanes>(a, k_cache, v_cache);
+    case 128: return decode<CacheT, 128 / kLanes>(a, k_cache, v_cache);
+    default: return decode<CacheT, 0>(a, k_cache, v_cache);
+  }
 }
 
 }  // namespace
@@ -85,18 +170,16 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                                      torch::Tensor block_tables, torch::Tensor context_lens,
                                      torch::Tensor fp8_table, int64_t block_size, double scale, double k_scale,
                                      double v_scale) {
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k_cache.size(1), max_blocks = block_tables.size(1);
   auto out = torch::empty_like(q);
-  if (k_cache.scalar_type() == torch::kFloat) {
-    decode<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(), nullptr,
-                  out.data_ptr<float>(), batch, heads, kv_heads, dim, max_blocks, block_size, scale, 1.f, 1.f);
+  const bool fp8 = k_cache.scalar_type() != torch::kFloat;
+  Args a{q.data_ptr<float>(), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
+         fp8 ? fp8_table.data_ptr<float>() : nullptr, out.data_ptr<float>(), q.size(0), q.size(1),
+         k_cache.size(1), q.size(2), block_tables.size(1), block_size, static_cast<float>(scale),
+         fp8 ? static_cast<float>(k_scale) : 1.f, fp8 ? static_cast<float>(v_scale) : 1.f};
+  if (fp8) {
+    decode_any_dim<uint8_t>(a, k_cache.data_ptr<uint8_t>(), v_cache.data_ptr<uint8_t>());
   } else {
-    decode<uint8_t>(q.data_ptr<float>(), k_cache.data_ptr<uint8_t>(), v_cache.data_ptr<uint8_t>(),
-                    block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
-                    fp8_table.data_ptr<float>(), out.data_ptr<float>(), batch, heads, kv_heads, dim, max_blocks,
-                    block_size, scale, k_scale, v_scale);
+    decode_any_dim<float>(a, k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   }
   return out;
 }

@@ -9,9 +9,9 @@ pytestmark = pytest.mark.skipif(not cpu_attention.supports(torch.zeros(1, 1, 1),
                                 reason="the native CPU kernel cannot be built here (no compiler)")
 
 
-def paged_case(fp8: bool, seed: int = 0):
+def paged_case(fp8: bool, seed: int = 0, dim: int = 24):
     gen = torch.Generator().manual_seed(seed)
-    batch, heads, kv_heads, dim, block, blocks = 5, 6, 2, 24, 4, 40
+    batch, heads, kv_heads, block, blocks = 5, 6, 2, 4, 40
     q = torch.randn(batch, heads, dim, generator=gen)
     k, v = (torch.randn(blocks * block, kv_heads, dim, generator=gen) * 3 for _ in range(2))
     if fp8:
@@ -27,9 +27,10 @@ def paged_case(fp8: bool, seed: int = 0):
     return q, k, v, tables, lens, block
 
 
+@pytest.mark.parametrize("dim", [24, 64, 128])  # plain loops; the 16-float vector paths
 @pytest.mark.parametrize("fp8", [False, True])
-def test_native_decode_attention_matches_the_reference(fp8):
-    q, k, v, tables, lens, block = paged_case(fp8)
+def test_native_decode_attention_matches_the_reference(fp8, dim):
+    q, k, v, tables, lens, block = paged_case(fp8, dim=dim)
     scales = (0.05, 0.05) if fp8 else (None, None)
     want = reference.paged_decode_attention(q, k, v, tables, lens, block, 0.2, *scales)
     got = cpu_attention.paged_decode_attention(q, k, v, tables, lens, block, 0.2, *scales)
