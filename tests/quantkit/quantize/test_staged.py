@@ -38,6 +38,31 @@ def test_attention_received_hand_case_uniform_attention(tiny_model):
     torch.testing.assert_close(received, expected.expand(2, 5))
 
 
+def test_attention_received_equals_per_head_softmax_on_random_inputs(tiny_model):
+    # Against the definition, one query head at a time: sum over queries i >= j of softmax(q k^T / sqrt(d))_ij^2,
+    # summed over the query heads of each KV head.
+    from quantkit.calibration.observers import rotate_keys
+
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = config.hidden_size // heads
+    torch.manual_seed(1)
+    x = torch.randn(13, config.hidden_size)
+    rotary = model.position_embeddings(x[None])
+    with model.layer(0) as layer:
+        received = StagedLayer(layer, heads, kv_heads, dim).attention_received(x, rotary)
+        q = rotate_keys(layer.self_attn.q_proj(x).view(13, heads, dim).transpose(0, 1)[None], *rotary)[0]
+        k = rotate_keys(layer.self_attn.k_proj(x).view(13, kv_heads, dim).transpose(0, 1)[None], *rotary)[0]
+    expected = torch.zeros(kv_heads, 13)
+    for h in range(heads):
+        kv = h // (heads // kv_heads)
+        scores = q[h] @ k[kv].T / dim ** 0.5
+        probs = scores.masked_fill(torch.ones(13, 13, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        expected[kv] += probs.square().sum(dim=0)
+    torch.testing.assert_close(received, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
     # The hook changes the quantized stream's weights; the reference copy must still give the original
     # layer's outputs, and each stage's hook must see both streams' inputs.
