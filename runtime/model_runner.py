@@ -68,7 +68,7 @@ class ModelRunner:
                                    bytes_per_token, num_blocks - 1, self.block_size, self.max_model_len)
         self.num_blocks = num_blocks
         self._allocate_cache(num_blocks, fp8, kv_scales)
-        if self.device.type == "cpu" and self.dtype == torch.float32 and config.kernels == "auto":
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and config.kernels == "auto":
             # Build (or load) the native decode attention now, not inside the first request's decode step.
             from quantkit.runtime.kernels import cpu_attention
 

@@ -2,8 +2,8 @@
 instead of gathering a padded copy per layer as the torch reference does.
 
 Built on first use with torch's C++ extension loader (g++ and ninja, cached under quantkit's cache); if
-the build fails the runtime warns once and keeps the torch reference. float32 queries over a float32 or FP8
-(uint8) cache; anything else takes the reference.
+the build fails the runtime warns once and keeps the torch reference. float32 or bfloat16 queries over a
+float32, bfloat16 or FP8 (uint8) cache, computed in float32; anything else (float16) takes the reference.
 """
 
 from __future__ import annotations
@@ -66,23 +66,28 @@ def available() -> bool:
     return _extension() is not None
 
 
+QUERY_DTYPES = (torch.float32, torch.bfloat16)
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+
+
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.uint8)
+    return (q.device.type == "cpu" and q.dtype in QUERY_DTYPES and k_cache.dtype in CACHE_DTYPES
             and _extension() is not None)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
                            k_scale: float | None = None, v_scale: float | None = None) -> torch.Tensor:
-    """Same contract as reference.paged_decode_attention: q [B, heads, D] -> [B, heads, D]."""
+    """Same contract as reference.paged_decode_attention: q [B, heads, D] -> [B, heads, D] in q's dtype."""
     fp8 = k_cache.dtype == torch.uint8
     if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype or q.shape[2] != k_cache.shape[2]:
         raise ValueError(f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
     table = _fp8_table() if fp8 else torch.empty(0)
-    return _extension().paged_decode_attention(
-        q.contiguous(), k_cache, v_cache, block_tables.to(torch.int64).contiguous(),
+    out = _extension().paged_decode_attention(
+        q.float().contiguous(), k_cache, v_cache, block_tables.to(torch.int64).contiguous(),
         context_lens.to(torch.int64).contiguous(), table, block_size, scale,
         float(k_scale or 1.0), float(v_scale or 1.0))
+    return out.to(q.dtype)
 
 
 def _fp8_table() -> torch.Tensor:

@@ -2,8 +2,9 @@
 //
 // The torch reference gathers every sequence's blocks into a padded [B, L, kv_heads, D] copy per layer and
 // runs a masked SDPA over it; at decode that copy, not the arithmetic, is most of the time. This kernel
-// walks each sequence's block table in place. Caches are float32, or uint8 bytes of float8_e4m3fn decoded
-// through a 256-entry table (value = fp8 * scale, the compressed-tensors / vLLM convention).
+// walks each sequence's block table in place. Caches are float32, bfloat16 (widened to float32 per sequence),
+// or uint8 bytes of float8_e4m3fn decoded through a 256-entry table (value = fp8 * scale, the
+// compressed-tensors / vLLM convention). All arithmetic is float32.
 //
 // One task per sequence. Its cached rows are located once (an fp8 sequence is decoded once into a float
 // buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
@@ -11,7 +12,7 @@
 // slower than scalar code); other sizes take plain loops.
 //
 //   q            [B, heads, D] float32
-//   k/v_cache    [slots, kv_heads, D] float32 or uint8, slot = block_id * block_size + offset
+//   k/v_cache    [slots, kv_heads, D] float32, bfloat16 or uint8, slot = block_id * block_size + offset
 //   block_tables [B, max_blocks] int64;  context_lens [B] int64
 //   fp8_table    [256] float32 (empty for float32 caches)
 //   returns      [B, heads, D] float32
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -49,6 +51,24 @@ void locate_rows(const Args& a, const float* cache, int64_t b, std::vector<const
   const int64_t* table = a.tables + b * a.max_blocks;
   rows.resize(len);
   for (int64_t t = 0; t < len; ++t) rows[t] = cache + (table[t / bs] * bs + t % bs) * width;
+}
+
+// bfloat16 is the top half of a float32: widening is a shift.
+void locate_rows(const Args& a, const uint16_t* cache, int64_t b, std::vector<const float*>& rows,
+                 std::vector<float>& decoded, float) {
+  const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
+  const int64_t* table = a.tables + b * a.max_blocks;
+  rows.resize(len);
+  decoded.resize(len * width);
+  for (int64_t t = 0; t < len; ++t) {
+    const uint16_t* bits = cache + (table[t / bs] * bs + t % bs) * width;
+    float* row = decoded.data() + t * width;
+    for (int64_t i = 0; i < width; ++i) {
+      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(row + i, &wide, sizeof(float));
+    }
+    rows[t] = row;
+  }
 }
 
 void locate_rows(const Args& a, const uint8_t* cache, int64_t b, std::vector<const float*>& rows,
@@ -171,13 +191,16 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                                      torch::Tensor fp8_table, int64_t block_size, double scale, double k_scale,
                                      double v_scale) {
   auto out = torch::empty_like(q);
-  const bool fp8 = k_cache.scalar_type() != torch::kFloat;
+  const bool fp8 = k_cache.scalar_type() == torch::kByte;
   Args a{q.data_ptr<float>(), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
          fp8 ? fp8_table.data_ptr<float>() : nullptr, out.data_ptr<float>(), q.size(0), q.size(1),
          k_cache.size(1), q.size(2), block_tables.size(1), block_size, static_cast<float>(scale),
          fp8 ? static_cast<float>(k_scale) : 1.f, fp8 ? static_cast<float>(v_scale) : 1.f};
   if (fp8) {
     decode_any_dim<uint8_t>(a, k_cache.data_ptr<uint8_t>(), v_cache.data_ptr<uint8_t>());
+  } else if (k_cache.scalar_type() == torch::kBFloat16) {
+    decode_any_dim<uint16_t>(a, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
+                             reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()));
   } else {
     decode_any_dim<float>(a, k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   }

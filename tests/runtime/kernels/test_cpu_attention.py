@@ -40,11 +40,24 @@ def test_native_decode_attention_matches_the_reference(fp8, dim):
     torch.testing.assert_close(got[0], v0.repeat_interleave(3, dim=0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [24, 64])
+def test_bfloat16_queries_and_cache_are_computed_in_float32(dim):
+    # The bf16 cache is widened exactly, so the only rounding is the bf16 output's: compare with the
+    # reference on the same values in float32, rounded once to bf16 (one bf16 ulp allowed for ties).
+    q, k, v, tables, lens, block = paged_case(False, dim=dim)
+    q, k, v = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+    got = cpu_attention.paged_decode_attention(q, k, v, tables, lens, block, 0.2)
+    want = reference.paged_decode_attention(q.float(), k.float(), v.float(), tables, lens, block, 0.2)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=8e-3, atol=1e-5)
+
+
 def test_auto_picks_the_native_path_on_cpu_and_reference_stays_reference():
     q, k, _, _, _, _ = paged_case(False)
     assert dispatch.decode_attention_path("auto", q, k) == "native-cpu"
+    assert dispatch.decode_attention_path("auto", q.to(torch.bfloat16), k.to(torch.bfloat16)) == "native-cpu"
     assert dispatch.decode_attention_path("reference", q, k) == "reference"
-    assert dispatch.decode_attention_path("auto", q.to(torch.bfloat16), k) == "reference"  # float32 only
+    assert dispatch.decode_attention_path("auto", q.to(torch.float16), k) == "reference"  # no float16 path
 
 
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
