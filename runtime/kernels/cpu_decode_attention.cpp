@@ -44,7 +44,7 @@ struct Scratch {
   std::vector<int64_t> offsets;
 };
 
-// Where each of the sequence's tokens lives: in the float32 cache itself, or decoded from fp8 bytes.
+// Where each of the sequence's tokens lives: in the float32 cache itself, or decoded into `decoded`.
 void locate_rows(const Args& a, const float* cache, int64_t b, std::vector<const float*>& rows, std::vector<float>&,
                  float) {
   const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
@@ -53,36 +53,37 @@ void locate_rows(const Args& a, const float* cache, int64_t b, std::vector<const
   for (int64_t t = 0; t < len; ++t) rows[t] = cache + (table[t / bs] * bs + t % bs) * width;
 }
 
-// bfloat16 is the top half of a float32: widening is a shift.
-void locate_rows(const Args& a, const uint16_t* cache, int64_t b, std::vector<const float*>& rows,
-                 std::vector<float>& decoded, float) {
+// The sequence's rows of a narrower cache, each element widened to float32 by `widen`.
+template <typename T, typename Widen>
+void decode_rows(const Args& a, const T* cache, int64_t b, std::vector<const float*>& rows,
+                 std::vector<float>& decoded, Widen widen) {
   const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
   const int64_t* table = a.tables + b * a.max_blocks;
   rows.resize(len);
   decoded.resize(len * width);
   for (int64_t t = 0; t < len; ++t) {
-    const uint16_t* bits = cache + (table[t / bs] * bs + t % bs) * width;
+    const T* cached = cache + (table[t / bs] * bs + t % bs) * width;
     float* row = decoded.data() + t * width;
-    for (int64_t i = 0; i < width; ++i) {
-      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(row + i, &wide, sizeof(float));
-    }
+    for (int64_t i = 0; i < width; ++i) row[i] = widen(cached[i]);
     rows[t] = row;
   }
 }
 
+// bfloat16 is the top half of a float32: widening is a shift.
+void locate_rows(const Args& a, const uint16_t* cache, int64_t b, std::vector<const float*>& rows,
+                 std::vector<float>& decoded, float) {
+  decode_rows(a, cache, b, rows, decoded, [](uint16_t bits) {
+    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float value;
+    std::memcpy(&value, &wide, sizeof(float));
+    return value;
+  });
+}
+
 void locate_rows(const Args& a, const uint8_t* cache, int64_t b, std::vector<const float*>& rows,
                  std::vector<float>& decoded, float scale) {
-  const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
-  const int64_t* table = a.tables + b * a.max_blocks;
-  rows.resize(len);
-  decoded.resize(len * width);
-  for (int64_t t = 0; t < len; ++t) {
-    const uint8_t* bytes = cache + (table[t / bs] * bs + t % bs) * width;
-    float* row = decoded.data() + t * width;
-    for (int64_t i = 0; i < width; ++i) row[i] = a.fp8_table[bytes[i]] * scale;
-    rows[t] = row;
-  }
+  const float* fp8_table = a.fp8_table;
+  decode_rows(a, cache, b, rows, decoded, [fp8_table, scale](uint8_t byte) { return fp8_table[byte] * scale; });
 }
 
 // Sixteen floats as one vector (GCC/Clang vector extensions: one AVX-512 register, or two AVX ones).
