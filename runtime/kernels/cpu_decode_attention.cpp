@@ -6,15 +6,15 @@
 // or uint8 bytes of float8_e4m3fn decoded through a 256-entry table (value = fp8 * scale, the
 // compressed-tensors / vLLM convention). All arithmetic is float32.
 //
-// One task per sequence. Its cached rows are located once (an fp8 sequence is decoded once into a float
-// buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
+// One task per sequence. Its cached rows are located once (an fp8 or bf16 sequence is decoded once into a
+// float buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
 // and 128 use explicit 16-float vectors (left to itself, GCC vectorized the token loop with gathers,
 // slower than scalar code); other sizes take plain loops.
 //
-//   q            [B, heads, D] float32
+//   q            [B, heads, D] float32 (the Python wrapper widens bf16 queries and narrows the output back)
 //   k/v_cache    [slots, kv_heads, D] float32, bfloat16 or uint8, slot = block_id * block_size + offset
 //   block_tables [B, max_blocks] int64;  context_lens [B] int64
-//   fp8_table    [256] float32 (empty for float32 caches)
+//   fp8_table    [256] float32 (empty unless the cache is fp8)
 //   returns      [B, heads, D] float32
 
 #include <torch/extension.h>
@@ -41,7 +41,11 @@ struct Args {
 struct Scratch {
   std::vector<const float*> keys, values;  // row of token t (KV head 0; heads follow at dim strides)
   std::vector<float> scores, totals, k_decoded, v_decoded;
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets;  // each query head's KV head, as an offset into a cached row
+
+  explicit Scratch(const Args& a) : offsets(a.heads) {
+    for (int64_t h = 0; h < a.heads; ++h) offsets[h] = (h / (a.heads / a.kv_heads)) * a.dim;
+  }
 };
 
 // Where each of the sequence's tokens lives: in the float32 cache itself, or decoded into `decoded`.
@@ -132,12 +136,10 @@ inline void prefetch_row(const float* row, int64_t width) {
 // independent work for the core to overlap.
 template <typename CacheT, int kVectors>
 void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache, int64_t b, Scratch& w) {
-  const int64_t dim = a.dim, heads = a.heads, group = heads / a.kv_heads, len = a.lens[b];
+  const int64_t dim = a.dim, heads = a.heads, len = a.lens[b];
   locate_rows(a, k_cache, b, w.keys, w.k_decoded, a.k_scale);
   locate_rows(a, v_cache, b, w.values, w.v_decoded, a.v_scale);
   w.scores.resize(heads * len);  // [token, head]
-  w.offsets.resize(heads);
-  for (int64_t h = 0; h < heads; ++h) w.offsets[h] = (h / group) * dim;  // a query head's KV head in a row
   const int64_t* offset = w.offsets.data();
   const float* q = a.q + b * heads * dim;
   float* s = w.scores.data();
@@ -171,7 +173,7 @@ void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache
 template <typename CacheT, int kVectors>
 void decode(const Args& a, const CacheT* k_cache, const CacheT* v_cache) {
   at::parallel_for(0, a.batch, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch;
+    Scratch scratch(a);
     for (int64_t b = begin; b < end; ++b) decode_sequence<CacheT, kVectors>(a, k_cache, v_cache, b, scratch);
   });
 }

