@@ -1,16 +1,20 @@
 """Linear layers for quantized checkpoints: W4A16 INT4 and FP8 weights, kept quantized in memory.
 
-Int4Linear holds one of two forms, chosen once at load:
+Int4Linear holds one of three forms, chosen once at load:
 - the runtime INT4 layout (what the Triton kernel and the torch reference read):
     qweight int32 [K // 8, N], nibble j of row r = the unsigned code of input row 8r + j;
     scales [groups, N] in the compute dtype; zeros uint8 [groups, N]; g_idx int32 [K] or None;
     W[k, n] = (q[k, n] - zeros[g(k), n]) * scales[g(k), n]
-- torch's native CPU INT4 form (`_weight_int4pack_mm_for_cpu`, bf16 activations), which needs contiguous
-  groups of 32..256 columns: act-order checkpoints (g_idx) are permuted on K at load, and the input with them.
+- quantkit's native CPU kernel's 64-column tiles (kernels/cpu_int4.py): a register GEMV for a few rows,
+  AMX bf16 tiles (or torch matmul over decoded blocks) for more;
+- torch's CPU INT4 form (`_weight_int4pack_mm_for_cpu`, bf16 activations, groups of 32..256), used when the
+  native kernel cannot be built here.
+The CPU forms need each group to be a contiguous run of input rows: act-order checkpoints (g_idx) are
+permuted on K at load, and the input with them.
 
 `kernels` decides: "reference" dequantizes per call in the compute dtype (exact, slow, the float-tolerance
 check), "triton" runs the Triton kernel (CUDA, or the interpreter on CPU), "auto" takes Triton on CUDA and
-the native CPU form elsewhere when the shape allows it. The whole model is never dequantized at load.
+a CPU form elsewhere when the shape allows it. The whole model is never dequantized at load.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.runtime.kernels import cpu_int4
 from quantkit.runtime.kernels.int4_layout import dequantize_int4, pack_int4
 
 CPU_INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4pack kernel accepts
@@ -41,8 +46,8 @@ class Int4Linear(nn.Module):
         zeros = torch.cat([w.zero for w in qweights])
         g_idx = first.g_idx
         self.bias = None if bias is None else nn.Parameter(bias.to(device, dtype), requires_grad=False)
-        self.backend = _backend(kernels, device, self.out_features, self.group_size, g_idx)
-        if self.backend == "cpu-int4pack":
+        self.backend = _backend(kernels, device, self.in_features, self.out_features, self.group_size, g_idx)
+        if self.backend in ("cpu-native", "cpu-int4pack"):
             self._init_cpu(q, scales, zeros, g_idx)
         else:
             qweight, scales_kn, zeros_kn = pack_int4(q, scales, zeros)
@@ -58,6 +63,10 @@ class Int4Linear(nn.Module):
             perm = torch.argsort(g_idx.long(), stable=True)
             q = q[:, perm]
         self.register_buffer("perm", perm)
+        if self.backend == "cpu-native":
+            for name, tensor in zip(("codes", "tile_scales", "tile_offsets"), cpu_int4.pack(q, scales, zeros)):
+                self.register_buffer(name, tensor)
+            return
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
         # The kernel computes (q - 8) * scale + offset: offset = (8 - zero) * scale.
         scale = scales.float().T.contiguous()
@@ -65,9 +74,12 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack([scale, offset], -1).to(CPU_INT4_ACTIVATIONS))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "cpu-int4pack":
-            if self.perm is not None:
-                x = x[:, self.perm]
+        if self.backend in ("cpu-native", "cpu-int4pack") and self.perm is not None:
+            x = x[:, self.perm]
+        if self.backend == "cpu-native":
+            y = cpu_int4.int4_matmul(x, self.codes, self.tile_scales, self.tile_offsets, self.group_size,
+                                     self.out_features)
+        elif self.backend == "cpu-int4pack":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(CPU_INT4_ACTIVATIONS), self.packed,
                                                             self.group_size, self.scales_and_zeros).to(x.dtype)
         elif self.backend == "triton":
@@ -100,13 +112,24 @@ class Fp8Linear(nn.Module):
         return F.linear(x, self.weight.to(x.dtype) * self.weight_scale, self.bias)
 
 
-def _backend(kernels: str, device: torch.device, out_features: int, group_size: int,
+CPU_BACKENDS = ("cpu-native", "cpu-int4pack")
+
+
+def _backend(kernels: str, device: torch.device, in_features: int, out_features: int, group_size: int,
              g_idx: torch.Tensor | None) -> str:
+    """kernels: "auto", "triton", "reference", or a CPU backend by name (benchmarks and tests compare them)."""
     if kernels == "triton" or (kernels == "auto" and device.type == "cuda"):
         return "triton"
-    if (kernels == "auto" and device.type == "cpu" and group_size in CPU_INT4_GROUP_SIZES
-            and out_features % CPU_INT4_N_MULTIPLE == 0 and _sorts_into_equal_groups(g_idx, group_size)):
-        return "cpu-int4pack"
+    fits = {"cpu-native": group_size % 8 == 0 and in_features % group_size == 0 and cpu_int4.available(),
+            "cpu-int4pack": group_size in CPU_INT4_GROUP_SIZES and out_features % CPU_INT4_N_MULTIPLE == 0}
+    sortable = device.type == "cpu" and _sorts_into_equal_groups(g_idx, group_size)
+    if kernels in CPU_BACKENDS:
+        if not (sortable and fits[kernels]):
+            raise ValueError(f"INT4 backend {kernels} cannot run a {out_features} x {in_features} layer with "
+                             f"group size {group_size} on {device}")
+        return kernels
+    if kernels == "auto" and sortable:
+        return next((name for name in CPU_BACKENDS if fits[name]), "reference")
     return "reference"
 
 

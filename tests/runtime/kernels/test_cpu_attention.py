@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from quantkit.runtime.kernels import cpu_attention, dispatch, reference
+from quantkit.runtime.kernels import cpu_attention, cpu_extension, dispatch, reference
 
 pytestmark = pytest.mark.skipif(not cpu_attention.supports(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1)),
                                 reason="the native CPU kernel cannot be built here (no compiler)")
@@ -66,9 +66,9 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatc
     import time
 
     monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path))
-    lock = cpu_attention._build_directory() / "lock"
+    lock = cpu_extension.build_directory(cpu_attention.SOURCE) / "lock"
     lock.touch()
-    assert (cpu_attention._build_directory() / "lock").exists()  # a build may be running right now
-    old = time.time() - cpu_attention.STALE_LOCK_S - 1
+    assert (cpu_extension.build_directory(cpu_attention.SOURCE) / "lock").exists()  # a build may be running right now
+    old = time.time() - cpu_extension.STALE_LOCK_S - 1
     os.utime(lock, (old, old))
-    assert not (cpu_attention._build_directory() / "lock").exists()
+    assert not (cpu_extension.build_directory(cpu_attention.SOURCE) / "lock").exists()

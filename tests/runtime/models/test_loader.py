@@ -36,12 +36,12 @@ def test_int4_checkpoint_logits_match_its_dequantized_transformers_model(make_ll
 
 
 def test_cpu_int4_path_keeps_weights_packed_and_tracks_the_reference(make_llm, int4_checkpoint):
-    """The native CPU path (bf16 activations into torch's int4pack kernel) stays within bf16 rounding of the
-    float32 reference, and holds 4-bit weights, not dequantized ones."""
+    """The native CPU path (bf16 AMX tiles for a prompt, where the CPU has them) stays within bf16 rounding of
+    the float32 reference, and holds 4-bit weights, not dequantized ones."""
     fast, exact = make_llm(int4_checkpoint, kernels="auto"), make_llm(int4_checkpoint, kernels="reference")
     qkv = fast.engine.runner.model.model.layers[0].self_attn.qkv_proj
-    assert qkv.backend == "cpu-int4pack"
-    assert qkv.packed.dtype == torch.uint8 and qkv.packed.numel() * 2 == qkv.in_features * qkv.out_features
+    assert qkv.backend == "cpu-native"
+    assert qkv.codes.dtype == torch.int32 and qkv.codes.numel() * 8 == qkv.in_features * qkv.out_features
     prompts = [fast.tokenizer.encode(t) for t in TEXTS[:4]]
     for got, want in zip(first_token_logits(fast, prompts), first_token_logits(exact, prompts)):
         assert 25 < sqnr_db(want, got) < 80  # bf16 activations: close, but not float32-exact
