@@ -1,9 +1,13 @@
 """`quantkit bench kernels`: the runtime's CPU linear paths on SmolLM2's layer shapes at M = 1, 8, 64.
 
-    fp32 dense            F.linear on float32 weights (what the runtime runs for dense checkpoints on CPU)
-    int4 cpu (int4pack)   torch's native W4A16 CPU kernel, bf16 activations (Int4Linear, kernels="auto")
+    fp32 dense            F.linear on float32 weights (a float32 dense checkpoint on CPU)
+    int4 cpu (native)     quantkit's CPU INT4 kernel, cpu_int4.py (Int4Linear, kernels="auto"): a register
+                          GEMV up to 4 rows, then AMX bf16 tiles where the CPU has them, else torch matmul
+                          over decoded blocks in the activation dtype
+    int4 cpu (int4pack)   torch's W4A16 CPU kernel, bf16 activations (the fallback when the native one
+                          cannot be built)
     int4 reference        dequantize per call to float32, then F.linear (Int4Linear, kernels="reference")
-    bf16 dense            F.linear on bfloat16 weights (for scale: this CPU has no native bf16 matmul)
+    bf16 dense            F.linear on bfloat16 weights (a bf16 dense checkpoint; AMX where the CPU has it)
 
 Timings are medians of interleaved rounds (each round runs every path once), so load from other processes
 hits all paths alike; ratios are against fp32 dense in the same run.
@@ -23,7 +27,7 @@ from quantkit.formats.quantized import QuantizedWeight
 
 # SmolLM2-135M's linears as the runtime fuses them: (name, out_features N, in_features K)
 SMOLLM2_SHAPES = (("qkv_proj", 960, 576), ("o_proj", 576, 576), ("gate_up_proj", 3072, 576), ("down_proj", 576, 1536))
-PATHS = ("fp32 dense", "int4 cpu (int4pack)", "int4 reference", "bf16 dense")
+PATHS = ("fp32 dense", "int4 cpu (native)", "int4 cpu (int4pack)", "int4 reference", "bf16 dense")
 
 
 @dataclass
@@ -55,16 +59,15 @@ def bench_kernels(ms: tuple[int, ...] = (1, 8, 64), rounds: int = 30, threads: i
         qw = random_int4(n, k)
         dense = qw.dequantize(torch.float32)
         dense_bf16 = dense.to(torch.bfloat16)
-        fast = Int4Linear([qw], None, torch.float32, "auto", cpu)
-        exact = Int4Linear([qw], None, torch.float32, "reference", cpu)
-        assert fast.backend == "cpu-int4pack" and exact.backend == "reference"
-        weights = {PATHS[0]: dense.nbytes / 1024, PATHS[1]: tensor_mib(fast) * 1024,
-                   PATHS[2]: tensor_mib(exact) * 1024, PATHS[3]: dense_bf16.nbytes / 1024}
+        layers = {path: Int4Linear([qw], None, torch.float32, kernels, cpu)
+                  for path, kernels in zip(PATHS[1:4], ("cpu-native", "cpu-int4pack", "reference"))}
+        weights = {PATHS[0]: dense.nbytes / 1024, **{p: tensor_mib(layer) * 1024 for p, layer in layers.items()},
+                   PATHS[4]: dense_bf16.nbytes / 1024}
         for m in ms:
             x = torch.randn(m, k)
             xb = x.to(torch.bfloat16)
-            calls = {PATHS[0]: lambda: F.linear(x, dense), PATHS[1]: lambda: fast(x),
-                     PATHS[2]: lambda: exact(x), PATHS[3]: lambda: F.linear(xb, dense_bf16)}
+            calls = {PATHS[0]: lambda: F.linear(x, dense), **{p: (lambda f=f: f(x)) for p, f in layers.items()},
+                     PATHS[4]: lambda: F.linear(xb, dense_bf16)}
             times = _interleaved(calls, rounds)
             for path in PATHS:
                 rows.append(KernelRow(name, n, k, m, path, round(times[path] * 1e6, 1),

@@ -11,3 +11,5 @@ def test_bench_kernels_times_every_path_and_counts_int4_weights_at_half_a_byte()
             assert r.ratio_to_fp32 == 1.0 and r.weight_kib == round(fp32, 1)
         if r.path == "int4 cpu (int4pack)":  # packed nibbles plus bf16 scales and offsets per group of 64
             assert r.weight_kib == round(fp32 / 8 + r.n * r.k / 64 * 4 / 1024, 1)
+        if r.path == "int4 cpu (native)":  # packed nibbles plus float32 scales and offsets per group of 64
+            assert r.weight_kib == round(fp32 / 8 + r.n * r.k / 64 * 8 / 1024, 1)
