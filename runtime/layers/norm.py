@@ -1,9 +1,11 @@
-"""RMSNorm computed in float32, as Llama's reference does."""
+"""RMSNorm computed in float32, as Llama's reference does, with the residual add in front of it fused."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from quantkit.runtime.kernels import cpu_fused
 
 
 class RMSNorm(nn.Module):
@@ -12,8 +14,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(h), h) for h = x + residual, or h = x without one: h is the next residual stream."""
+        if cpu_fused.supports(x) and self.weight.dtype == x.dtype:
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        h = x if residual is None else x + residual
+        dtype = h.dtype
+        normed = h.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(dtype), h

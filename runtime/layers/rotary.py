@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from quantkit.runtime.kernels import cpu_fused
+
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, theta: float):
@@ -17,16 +19,18 @@ class RotaryEmbedding(nn.Module):
         self._step: tuple | None = None  # (positions, dtype, cos, sin) of the current forward
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, heads, D], k: [T, kv_heads, D], positions: [T]."""
+        """q: [T, heads, D], k: [T, kv_heads, D], positions: [T]. On CPU q and k are rotated in place."""
         cos, sin = self._tables(positions, q.dtype)
+        if cpu_fused.supports(q):
+            return cpu_fused.rotary_(q, cos, sin), cpu_fused.rotary_(k, cos, sin)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin rows of the step's positions. Every layer shares this module and the step's positions
+        """cos and sin rows [T, D] of the step's positions. Every layer shares this module and the step's positions
         tensor, so they are gathered once per forward, not once per layer."""
         if self._step is None or self._step[0] is not positions or self._step[1] != dtype:
-            self._step = (positions, dtype, self.cos[positions].to(dtype).unsqueeze(1),
-                          self.sin[positions].to(dtype).unsqueeze(1))
+            self._step = (positions, dtype, self.cos[positions].to(dtype), self.sin[positions].to(dtype))
         return self._step[2], self._step[3]
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.runtime.context import ForwardContext
+from quantkit.runtime.kernels import cpu_fused
 from quantkit.runtime.layers.attention import PagedAttention
 from quantkit.runtime.layers.norm import RMSNorm
 from quantkit.runtime.layers.rotary import RotaryEmbedding
@@ -85,7 +86,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_fused.supports(gate_up):
+            return self.down_proj(cpu_fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -97,9 +101,12 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, residual stream before it): each residual add is fused into the norm after it."""
+        normed, residual = self.input_layernorm(x, residual)
+        normed, residual = self.post_attention_layernorm(self.self_attn(normed, ctx), residual)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):
@@ -111,10 +118,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, ctx)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
