@@ -56,6 +56,9 @@ class AWQMethod(_Strict):
     duo_scaling: bool = True
     clip: bool = True
     n_grid: int = Field(20, ge=2)
+    # gate/up scales scored by the whole MLP's output error (as AutoAWQ's module2inspect) on this many
+    # calibration tokens, evenly spaced; 0: by each linear's own output error on every token
+    mlp_objective_tokens: int = Field(0, ge=0)
 
 
 class GPTQMethod(_Strict):

@@ -68,11 +68,13 @@ class ModelRunner:
                                    bytes_per_token, num_blocks - 1, self.block_size, self.max_model_len)
         self.num_blocks = num_blocks
         self._allocate_cache(num_blocks, fp8, kv_scales)
+        self.model.use_native_ops(config.kernels != "reference")
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and config.kernels == "auto":
-            # Build (or load) the native decode attention now, not inside the first request's decode step.
-            from quantkit.runtime.kernels import cpu_attention
+            # Build (or load) the native CPU kernels now, not inside the first request's steps.
+            from quantkit.runtime.kernels import cpu_attention, cpu_fused
 
             cpu_attention.available()
+            cpu_fused.supports(torch.zeros(1, dtype=self.dtype))
         log.info(self.capacity.describe(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem_bytes))
 
     def _num_blocks(self, bytes_per_token: int) -> int:

@@ -184,10 +184,14 @@ class AWQDriver(Driver):
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
+        mlp_tokens: list[torch.Tensor] = []
+
         def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
             observed[names] = (gptq.input_hessian(inputs), x_mean)
+            if names == STAGES[2] and options.mlp_objective_tokens:
+                mlp_tokens.append(evenly_spaced_tokens(inputs, options.mlp_objective_tokens))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -198,8 +202,14 @@ class AWQDriver(Driver):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
             if prev is not None and targets:
+                error = None
+                if names == STAGES[2] and mlp_tokens and tuple(targets) == names:
+                    mlp = staged.mlp
+                    error = awq.mlp_output_error(mlp_tokens[0], mlp.gate_proj.weight, mlp.up_proj.weight,
+                                                 mlp.down_proj.weight, mlp.act_fn)
                 search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
-                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid)
+                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid,
+                                           error=error)
                 self._apply_scales(staged, prev, names, search.scales, col_scale, row_scale)
                 hessian = awq.scale_hessian(hessian, search.scales)
             hessians.update({n: (hessian, observed[names][0]) for n in names})
@@ -240,6 +250,14 @@ class AWQDriver(Driver):
                 linear = staged.linear(name)
                 linear.weight.mul_(scales[None, :].to(linear.weight.dtype))
                 col_scale[name] = col_scale[name] * scales
+
+
+def evenly_spaced_tokens(inputs: list[torch.Tensor], count: int) -> torch.Tensor:
+    """At most ``count`` rows of the samples' tokens, evenly spaced over all of them: [count, features]."""
+    tokens = torch.cat(inputs)
+    if tokens.shape[0] <= count:
+        return tokens
+    return tokens[torch.linspace(0, tokens.shape[0] - 1, count).long()]
 
 
 class FP8Driver(Driver):

@@ -2,12 +2,12 @@
 //
 // The torch reference gathers every sequence's blocks into a padded [B, L, kv_heads, D] copy per layer and
 // runs a masked SDPA over it; at decode that copy, not the arithmetic, is most of the time. This kernel
-// walks each sequence's block table in place. Caches are float32, bfloat16 (widened to float32 per sequence),
-// or uint8 bytes of float8_e4m3fn decoded through a 256-entry table (value = fp8 * scale, the
-// compressed-tensors / vLLM convention). All arithmetic is float32.
+// walks each sequence's block table in place. Caches are float32, bfloat16 (widened to float32 as each
+// vector is loaded), or uint8 bytes of float8_e4m3fn decoded through a 256-entry table (value = fp8 * scale,
+// the compressed-tensors / vLLM convention). All arithmetic is float32.
 //
-// One task per sequence. Its cached rows are located once (an fp8 or bf16 sequence is decoded once into a
-// float buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
+// One task per sequence. Its cached rows are located once (an fp8 sequence is decoded once into a float
+// buffer), then streamed token by token: each row is read once for all query heads. Head dimensions 64
 // and 128 use explicit 16-float vectors (left to itself, GCC vectorized the token loop with gathers,
 // slower than scalar code); other sizes take plain loops.
 //
@@ -37,9 +37,15 @@ struct Args {
   float scale, k_scale, v_scale;
 };
 
+// Rows are read in the cache's own type where a load can widen them (float32, bfloat16 as uint16 bits);
+// fp8 rows are decoded to float32 once per sequence through the 256-entry table.
+template <typename CacheT> struct RowOf { using type = CacheT; };
+template <> struct RowOf<uint8_t> { using type = float; };
+
 // Per-task scratch, reused across sequences.
+template <typename Row>
 struct Scratch {
-  std::vector<const float*> keys, values;  // row of token t (KV head 0; heads follow at dim strides)
+  std::vector<const Row*> keys, values;  // row of token t (KV head 0; heads follow at dim strides)
   std::vector<float> scores, totals, k_decoded, v_decoded;
   std::vector<int64_t> offsets;  // each query head's KV head, as an offset into a cached row
 
@@ -48,55 +54,51 @@ struct Scratch {
   }
 };
 
-// Where each of the sequence's tokens lives: in the float32 cache itself, or decoded into `decoded`.
-void locate_rows(const Args& a, const float* cache, int64_t b, std::vector<const float*>& rows, std::vector<float>&,
-                 float) {
+// Where each of the sequence's tokens lives in the cache itself (float32, bfloat16).
+template <typename T>
+void locate_rows(const Args& a, const T* cache, int64_t b, std::vector<const T*>& rows, std::vector<float>&, float) {
   const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
   const int64_t* table = a.tables + b * a.max_blocks;
   rows.resize(len);
   for (int64_t t = 0; t < len; ++t) rows[t] = cache + (table[t / bs] * bs + t % bs) * width;
 }
 
-// The sequence's rows of a narrower cache, each element widened to float32 by `widen`.
-template <typename T, typename Widen>
-void decode_rows(const Args& a, const T* cache, int64_t b, std::vector<const float*>& rows,
-                 std::vector<float>& decoded, Widen widen) {
+// fp8 (uint8 bytes): the sequence's rows decoded into `decoded`, value = fp8 * scale.
+void locate_rows(const Args& a, const uint8_t* cache, int64_t b, std::vector<const float*>& rows,
+                 std::vector<float>& decoded, float scale) {
   const int64_t width = a.kv_heads * a.dim, bs = a.block_size, len = a.lens[b];
   const int64_t* table = a.tables + b * a.max_blocks;
   rows.resize(len);
   decoded.resize(len * width);
   for (int64_t t = 0; t < len; ++t) {
-    const T* cached = cache + (table[t / bs] * bs + t % bs) * width;
+    const uint8_t* cached = cache + (table[t / bs] * bs + t % bs) * width;
     float* row = decoded.data() + t * width;
-    for (int64_t i = 0; i < width; ++i) row[i] = widen(cached[i]);
+    for (int64_t i = 0; i < width; ++i) row[i] = a.fp8_table[cached[i]] * scale;
     rows[t] = row;
   }
-}
-
-// bfloat16 is the top half of a float32: widening is a shift.
-void locate_rows(const Args& a, const uint16_t* cache, int64_t b, std::vector<const float*>& rows,
-                 std::vector<float>& decoded, float) {
-  decode_rows(a, cache, b, rows, decoded, [](uint16_t bits) {
-    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-    float value;
-    std::memcpy(&value, &wide, sizeof(float));
-    return value;
-  });
-}
-
-void locate_rows(const Args& a, const uint8_t* cache, int64_t b, std::vector<const float*>& rows,
-                 std::vector<float>& decoded, float scale) {
-  const float* fp8_table = a.fp8_table;
-  decode_rows(a, cache, b, rows, decoded, [fp8_table, scale](uint8_t byte) { return fp8_table[byte] * scale; });
 }
 
 // Sixteen floats as one vector (GCC/Clang vector extensions: one AVX-512 register, or two AVX ones).
 constexpr int kLanes = 16;
 typedef float Vec __attribute__((vector_size(4 * kLanes)));
-typedef float VecUnaligned __attribute__((vector_size(4 * kLanes), aligned(4)));
+typedef uint32_t UVec __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t Bf16Vec __attribute__((vector_size(2 * kLanes)));
 
-inline Vec load(const float* p) { return *reinterpret_cast<const VecUnaligned*>(p); }
-inline void store(float* p, Vec v) { *reinterpret_cast<VecUnaligned*>(p) = v; }
+inline Vec load(const float* p) { Vec v; std::memcpy(&v, p, sizeof v); return v; }
+// bfloat16 is the top half of a float32: widening is a shift.
+inline Vec load(const uint16_t* p) {
+  Bf16Vec bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return (Vec)(__builtin_convertvector(bits, UVec) << 16);
+}
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+inline float widen(float v) { return v; }
+inline float widen(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(float));
+  return value;
+}
 inline float lane_sum(Vec v) {
   float s = 0.f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
@@ -104,65 +106,71 @@ inline float lane_sum(Vec v) {
 }
 
 // kVectors > 0: the head dimension is 16 * kVectors (explicit vectors); 0: any dimension, plain loops.
-template <int kVectors>
-inline float dot(const float* x, const float* y, int64_t dim) {
+template <int kVectors, typename Row>
+inline float dot(const float* x, const Row* y, int64_t dim) {
   if constexpr (kVectors > 0) {
     Vec acc = load(x) * load(y);
     for (int i = 1; i < kVectors; ++i) acc += load(x + kLanes * i) * load(y + kLanes * i);
     return lane_sum(acc);
   } else {
     float acc = 0.f;
-    for (int64_t d = 0; d < dim; ++d) acc += x[d] * y[d];
+    for (int64_t d = 0; d < dim; ++d) acc += x[d] * widen(y[d]);
     return acc;
   }
 }
 
-template <int kVectors>
-inline void add_scaled(float* acc, float p, const float* v, int64_t dim) {
+template <int kVectors, typename Row>
+inline void add_scaled(float* acc, float p, const Row* v, int64_t dim) {
   if constexpr (kVectors > 0) {
     for (int i = 0; i < kVectors; ++i) store(acc + kLanes * i, load(acc + kLanes * i) + p * load(v + kLanes * i));
   } else {
-    for (int64_t d = 0; d < dim; ++d) acc[d] += p * v[d];
+    for (int64_t d = 0; d < dim; ++d) acc[d] += p * widen(v[d]);
   }
 }
 
 constexpr int64_t kAhead = 4;
-inline void prefetch_row(const float* row, int64_t width) {
-  for (int64_t i = 0; i < width; i += 16) __builtin_prefetch(row + i);
+template <typename Row>
+inline void prefetch_row(const Row* row, int64_t width) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t i = 0; i < width * static_cast<int64_t>(sizeof(Row)); i += 64) __builtin_prefetch(bytes + i);
 }
 
 // Token by token, each cached row (every KV head) is read once, in order, for all query heads: the
 // cache is streamed from memory, which bounds this kernel, and the query heads' dot products are
 // independent work for the core to overlap.
 template <typename CacheT, int kVectors>
-void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache, int64_t b, Scratch& w) {
+void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache, int64_t b,
+                     Scratch<typename RowOf<CacheT>::type>& w) {
   const int64_t dim = a.dim, heads = a.heads, len = a.lens[b];
   locate_rows(a, k_cache, b, w.keys, w.k_decoded, a.k_scale);
   locate_rows(a, v_cache, b, w.values, w.v_decoded, a.v_scale);
-  w.scores.resize(heads * len);  // [token, head]
+  w.scores.resize(heads * len);  // [head, token]: each head's softmax runs over contiguous scores
   const int64_t* offset = w.offsets.data();
   const float* q = a.q + b * heads * dim;
   float* s = w.scores.data();
   const int64_t width = a.kv_heads * dim;
   for (int64_t t = 0; t < len; ++t) {
     if (t + kAhead < len) prefetch_row(w.keys[t + kAhead], width);
-    const float* key = w.keys[t];
-    for (int64_t h = 0; h < heads; ++h) s[t * heads + h] = dot<kVectors>(q + h * dim, key + offset[h], dim) * a.scale;
+    const auto* key = w.keys[t];
+    for (int64_t h = 0; h < heads; ++h) s[h * len + t] = dot<kVectors>(q + h * dim, key + offset[h], dim) * a.scale;
   }
-  // Softmax per head in float32; 1 / sum is applied to the output at the end.
+  // Softmax per head in float32 (exp vectorized over tokens); 1 / sum is applied to the output at the end.
   std::vector<float>& total = w.totals;
   total.assign(heads, 0.f);
   for (int64_t h = 0; h < heads; ++h) {
-    float m = s[h];
-    for (int64_t t = 1; t < len; ++t) m = std::max(m, s[t * heads + h]);
-    for (int64_t t = 0; t < len; ++t) total[h] += (s[t * heads + h] = std::exp(s[t * heads + h] - m));
+    float* row = s + h * len;
+    float m = row[0], sum = 0.f;
+    for (int64_t t = 1; t < len; ++t) m = std::max(m, row[t]);
+    for (int64_t t = 0; t < len; ++t) row[t] = std::exp(row[t] - m);
+    for (int64_t t = 0; t < len; ++t) sum += row[t];
+    total[h] = sum;
   }
   float* out = a.out + b * heads * dim;
   std::fill(out, out + heads * dim, 0.f);
   for (int64_t t = 0; t < len; ++t) {
     if (t + kAhead < len) prefetch_row(w.values[t + kAhead], width);
-    const float* value = w.values[t];
-    for (int64_t h = 0; h < heads; ++h) add_scaled<kVectors>(out + h * dim, s[t * heads + h], value + offset[h], dim);
+    const auto* value = w.values[t];
+    for (int64_t h = 0; h < heads; ++h) add_scaled<kVectors>(out + h * dim, s[h * len + t], value + offset[h], dim);
   }
   for (int64_t h = 0; h < heads; ++h) {
     const float inv = 1.f / total[h];
@@ -173,7 +181,7 @@ void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache
 template <typename CacheT, int kVectors>
 void decode(const Args& a, const CacheT* k_cache, const CacheT* v_cache) {
   at::parallel_for(0, a.batch, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(a);
+    Scratch<typename RowOf<CacheT>::type> scratch(a);
     for (int64_t b = begin; b < end; ++b) decode_sequence<CacheT, kVectors>(a, k_cache, v_cache, b, scratch);
   });
 }

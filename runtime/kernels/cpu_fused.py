@@ -1,5 +1,5 @@
 """Native CPU versions of a decoder layer's small elementwise ops (cpu_fused_ops.cpp): residual add + RMSNorm,
-rotary embedding in place, SiLU-and-mul. Same arithmetic as the torch code in runtime/layers (rounded to the
+rotary embedding in place, SiLU-and-mul; and the greedy sampler's row maximum. Same arithmetic as the torch code in runtime/layers (rounded to the
 dtype where torch rounds), one call instead of 5-7 torch ops each. Built on first use (cpu_extension.py);
 layers take their torch code where `supports` says no."""
 
@@ -44,3 +44,8 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] -> silu(gate) * up, [T, I]."""
     return _extension().silu_mul(gate_up.contiguous())
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] float32 -> [B] int64, the first index of each row's maximum."""
+    return _extension().greedy_tokens(logits.contiguous())

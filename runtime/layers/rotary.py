@@ -16,12 +16,13 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        self.native = True  # the fused CPU op where it runs; False: the torch code (kernels="reference")
         self._step: tuple | None = None  # (positions, dtype, cos, sin) of the current forward
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, heads, D], k: [T, kv_heads, D], positions: [T]. On CPU q and k are rotated in place."""
         cos, sin = self._tables(positions, q.dtype)
-        if cpu_fused.supports(q):
+        if self.native and cpu_fused.supports(q):
             return cpu_fused.rotary_(q, cos, sin), cpu_fused.rotary_(k, cos, sin)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -84,10 +84,11 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.native = True  # the fused CPU SiLU-and-mul where it runs; False: the torch code
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if cpu_fused.supports(gate_up):
+        if self.native and cpu_fused.supports(gate_up):
             return self.down_proj(cpu_fused.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -141,6 +142,13 @@ class LlamaForCausalLM(nn.Module):
         # On CPU MKL runs a [64, 576] x [576, 49152] product 15-25% faster in vocabulary slices whose output
         # stays in cache than in one call (1 thread; see docs/runtime.md).
         return torch.cat([F.linear(hidden, rows) for rows in head.weight.split(LOGITS_SLICE)], dim=1)
+
+    def use_native_ops(self, enabled: bool) -> None:
+        """Whether norms, rotary and SiLU-and-mul take the fused CPU ops (kernels/cpu_fused.py) where they
+        run, or the torch code (kernels="reference")."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP)):
+                module.native = enabled
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]

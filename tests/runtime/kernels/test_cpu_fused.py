@@ -66,3 +66,15 @@ def test_bad_inputs_are_refused():
         cpu_fused.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match="cos and sin must be"):
         cpu_fused.rotary_(torch.randn(2, 1, 8), torch.randn(2, 4), torch.randn(2, 4))
+
+
+def test_greedy_tokens_take_the_first_index_of_each_rows_maximum():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 49152, generator=gen)
+    logits[0, [5, 17, 40000]] = 50.0  # ties: the first wins
+    logits[1, -1] = 50.0  # the last column
+    logits[2] = -7.0  # a constant row: index 0
+    logits[3, :] = torch.randint(-2, 3, (49152,), generator=gen).float()  # heavy ties
+    got = cpu_fused.greedy_tokens(logits)
+    assert got.tolist() == logits.argmax(dim=-1).tolist()
+    assert got[:3].tolist() == [5, 49151, 0]

@@ -42,6 +42,9 @@ def test_cpu_int4_path_keeps_weights_packed_and_tracks_the_reference(make_llm, i
     qkv = fast.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.backend == "cpu-native"
     assert qkv.codes.dtype == torch.int32 and qkv.codes.numel() * 8 == qkv.in_features * qkv.out_features
+    # "reference" also keeps norms, rotary and SiLU-and-mul on the torch code; "auto" takes the fused ops.
+    assert all(m.native for m in fast.engine.runner.model.modules() if hasattr(m, "native"))
+    assert not any(m.native for m in exact.engine.runner.model.modules() if hasattr(m, "native"))
     prompts = [fast.tokenizer.encode(t) for t in TEXTS[:4]]
     for got, want in zip(first_token_logits(fast, prompts), first_token_logits(exact, prompts)):
         assert 25 < sqnr_db(want, got) < 80  # bf16 activations: close, but not float32-exact
