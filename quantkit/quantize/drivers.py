@@ -185,6 +185,7 @@ class AWQDriver(Driver):
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
         mlp_tokens: list[torch.Tensor] = []
+        attention_samples: list[tuple[torch.Tensor, Rotary]] = []
 
         def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
@@ -192,6 +193,9 @@ class AWQDriver(Driver):
             observed[names] = (gptq.input_hessian(inputs), x_mean)
             if names == STAGES[2] and options.mlp_objective_tokens:
                 mlp_tokens.append(evenly_spaced_tokens(inputs, options.mlp_objective_tokens))
+            if names == STAGES[0] and options.attention_objective_samples:
+                picked = evenly_spaced(len(inputs), options.attention_objective_samples)
+                attention_samples.extend((inputs[i], rotary[i]) for i in picked)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -207,6 +211,8 @@ class AWQDriver(Driver):
                     mlp = staged.mlp
                     error = awq.mlp_output_error(mlp_tokens[0], mlp.gate_proj.weight, mlp.up_proj.weight,
                                                  mlp.down_proj.weight, mlp.act_fn)
+                if names == STAGES[0] and attention_samples and tuple(targets) == names:
+                    error = attention_output_error(staged, attention_samples)
                 search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
                                            self.scheme, duo=options.duo_scaling, n_grid=options.n_grid,
                                            error=error)
@@ -252,12 +258,40 @@ class AWQDriver(Driver):
                 col_scale[name] = col_scale[name] * scales
 
 
+def evenly_spaced(total: int, count: int) -> list[int]:
+    """min(count, total) indices spread evenly over range(total), first and last included."""
+    if total <= count:
+        return list(range(total))
+    return torch.linspace(0, total - 1, count).long().tolist()
+
+
 def evenly_spaced_tokens(inputs: list[torch.Tensor], count: int) -> torch.Tensor:
     """At most ``count`` rows of the samples' tokens, evenly spaced over all of them: [count, features]."""
     tokens = torch.cat(inputs)
-    if tokens.shape[0] <= count:
-        return tokens
-    return tokens[torch.linspace(0, tokens.shape[0] - 1, count).long()]
+    return tokens[evenly_spaced(tokens.shape[0], count)]
+
+
+def attention_output_error(staged: StagedLayer, samples: list[tuple[torch.Tensor, Rotary]]):
+    """A scorer for awq.search_scales over (q, k, v): the squared error of the attention block's output
+    (o_proj full precision) on these samples (attention inputs, rotary tables). q and k errors reach the
+    output through the softmax, which each linear's own output error cannot see."""
+    attn = staged.attn
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    reference = [attn.o_proj(staged.attention_core(x, r)) for x, r in samples]
+
+    @torch.no_grad()
+    def error(effective: list[torch.Tensor]) -> float:
+        originals = [p.weight.data for p in projections]
+        try:
+            for p, w in zip(projections, effective):
+                p.weight.data = w.to(p.weight.dtype)
+            return sum(float((attn.o_proj(staged.attention_core(x, r)) - want).pow(2).sum())
+                       for (x, r), want in zip(samples, reference))
+        finally:
+            for p, w in zip(projections, originals):
+                p.weight.data = w
+
+    return error
 
 
 class FP8Driver(Driver):

@@ -148,11 +148,23 @@ void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache
   const int64_t* offset = w.offsets.data();
   const float* q = a.q + b * heads * dim;
   float* s = w.scores.data();
-  const int64_t width = a.kv_heads * dim;
+  const int64_t width = a.kv_heads * dim, group = heads / a.kv_heads;
   for (int64_t t = 0; t < len; ++t) {
     if (t + kAhead < len) prefetch_row(w.keys[t + kAhead], width);
-    const auto* key = w.keys[t];
-    for (int64_t h = 0; h < heads; ++h) s[h * len + t] = dot<kVectors>(q + h * dim, key + offset[h], dim) * a.scale;
+    if constexpr (kVectors > 0) {
+      // Each KV head's key is loaded (and widened) once for the query heads that share it.
+      for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh) {
+        Vec key[kVectors];
+        for (int i = 0; i < kVectors; ++i) key[i] = load(w.keys[t] + kvh * dim + kLanes * i);
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          Vec acc = load(q + h * dim) * key[0];
+          for (int i = 1; i < kVectors; ++i) acc += load(q + h * dim + kLanes * i) * key[i];
+          s[h * len + t] = lane_sum(acc) * a.scale;
+        }
+      }
+    } else {
+      for (int64_t h = 0; h < heads; ++h) s[h * len + t] = dot<0>(q + h * dim, w.keys[t] + offset[h], dim) * a.scale;
+    }
   }
   // Softmax per head in float32 (exp vectorized over tokens); 1 / sum is applied to the output at the end.
   std::vector<float>& total = w.totals;
@@ -169,8 +181,18 @@ void decode_sequence(const Args& a, const CacheT* k_cache, const CacheT* v_cache
   std::fill(out, out + heads * dim, 0.f);
   for (int64_t t = 0; t < len; ++t) {
     if (t + kAhead < len) prefetch_row(w.values[t + kAhead], width);
-    const auto* value = w.values[t];
-    for (int64_t h = 0; h < heads; ++h) add_scaled<kVectors>(out + h * dim, s[h * len + t], value + offset[h], dim);
+    if constexpr (kVectors > 0) {
+      for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh) {
+        Vec value[kVectors];
+        for (int i = 0; i < kVectors; ++i) value[i] = load(w.values[t] + kvh * dim + kLanes * i);
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const float p = s[h * len + t];
+          for (int i = 0; i < kVectors; ++i) store(out + h * dim + kLanes * i, load(out + h * dim + kLanes * i) + p * value[i]);
+        }
+      }
+    } else {
+      for (int64_t h = 0; h < heads; ++h) add_scaled<0>(out + h * dim, s[h * len + t], w.values[t] + offset[h], dim);
+    }
   }
   for (int64_t h = 0; h < heads; ++h) {
     const float inv = 1.f / total[h];

@@ -96,3 +96,26 @@ def test_awq_mlp_objective_changes_only_the_gate_up_search_and_lowers_the_mlp_er
     for name in ("self_attn.q_proj", "self_attn.o_proj"):  # the other mappings search as before
         assert torch.equal(done[0].quantized[name].q, done[10_000].quantized[name].q)
     assert mlp_errors[10_000] < mlp_errors[0], mlp_errors
+
+
+def test_awq_attention_objective_lowers_the_attention_blocks_error(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    with model.layer(0) as layer:
+        staged = _staged(model, layer)
+        fp_attention = [staged.attn.o_proj(staged.attention_core(staged.attention_input(h), r))
+                        for h, r in zip(hidden, rotary)]
+    errors, done = {}, {}
+    for samples in (0, 8):
+        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32}, "quantization": {
+            "method": "awq", "attention_objective_samples": samples, "clip": False}})
+        with model.layer(0) as layer, torch.no_grad():
+            staged = _staged(model, layer)
+            done[samples] = AWQDriver(recipe, "model.layers.0").quantize_layer(staged, hidden, rotary)
+            for name in ("q_proj", "k_proj", "v_proj"):  # the checkpoint's q/k/v; its norm holds 1 / s
+                getattr(staged.attn, name).weight.data = done[samples].quantized[f"self_attn.{name}"].dequantize()
+            errors[samples] = sum(
+                float((staged.attn.o_proj(staged.attention_core(staged.attention_input(h), r)) - want).square().sum())
+                for h, r, want in zip(hidden, rotary, fp_attention))
+    assert torch.equal(done[0].quantized["mlp.gate_proj"].q, done[8].quantized["mlp.gate_proj"].q)
+    assert errors[8] < errors[0], errors
