@@ -99,10 +99,19 @@ inline float widen(uint16_t bits) {
   std::memcpy(&value, &wide, sizeof(float));
   return value;
 }
+// A pairwise tree (GCC turns the plain loop into a chain of 16 scalar adds, the hot spot of the QK loop).
+typedef float Half __attribute__((vector_size(32)));
+typedef float Quarter __attribute__((vector_size(16)));
 inline float lane_sum(Vec v) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
+  Half lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  const Half h = lo + hi;
+  Quarter a, b;
+  std::memcpy(&a, &h, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&h) + sizeof a, sizeof b);
+  const Quarter q = a + b;
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 // kVectors > 0: the head dimension is 16 * kVectors (explicit vectors); 0: any dimension, plain loops.
