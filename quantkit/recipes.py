@@ -56,12 +56,6 @@ class AWQMethod(_Strict):
     duo_scaling: bool = True
     clip: bool = True
     n_grid: int = Field(20, ge=2)
-    # gate/up scales scored by the whole MLP's output error (as AutoAWQ's module2inspect) on this many
-    # calibration tokens, evenly spaced; 0: by each linear's own output error on every token
-    mlp_objective_tokens: int = Field(0, ge=0)
-    # q/k/v scales scored by the attention block's output error (o_proj full precision) on this many
-    # calibration samples, evenly spaced; 0: by each linear's own output error on every token
-    attention_objective_samples: int = Field(0, ge=0)
 
 
 class GPTQMethod(_Strict):

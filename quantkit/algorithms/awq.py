@@ -10,11 +10,9 @@ product, without re-running the module. Clipping is scored the same way on H's d
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize, grid_params, quantize_to_grid
 
@@ -57,46 +55,22 @@ def candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor, ratio: float, d
 
 
 def search_scales(weights: list[torch.Tensor], x_mean: torch.Tensor, hessian: torch.Tensor,
-                  scheme: WeightScheme, duo: bool = True, n_grid: int = N_GRID,
-                  error: Callable[[list[torch.Tensor]], float] | None = None) -> ScaleSearch:
+                  scheme: WeightScheme, duo: bool = True, n_grid: int = N_GRID) -> ScaleSearch:
     """Grid-search the ratio in s = x_mean^r / w_mean^(1-r) (r = 0, 1/n, ..., (n-1)/n) for layers that
-    share one input (q/k/v, gate/up, or a single linear). Candidates are scored by the layers' output
-    error over H, or by ``error``: the squared error of whatever block they feed (e.g. the whole MLP),
-    given their effective weights Q(W s) / s in the same order as ``weights``."""
-    if error is None:
-        def error(effective: list[torch.Tensor]) -> float:
-            return sum(output_error(w, e, hessian) for w, e in zip(weights, effective))
-
+    share one input (q/k/v, gate/up, or a single linear)."""
     w_mean = weight_salience(weights, scheme)
     best: ScaleSearch | None = None
     for step in range(n_grid):
         ratio = step / n_grid
         s = candidate_scales(x_mean, w_mean, ratio, duo)
-        loss = error([fake_quantize(w.float() * s, scheme) / s for w in weights])
+        loss = sum(output_error(w, fake_quantize(w.float() * s, scheme) / s, hessian) for w in weights)
         if best is None or loss < best.loss:
             best = ScaleSearch(scales=s, ratio=ratio, loss=loss, loss_unscaled=0.0)
-    best.loss_unscaled = error([fake_quantize(w.float(), scheme) for w in weights])
+    best.loss_unscaled = sum(output_error(w, fake_quantize(w.float(), scheme), hessian) for w in weights)
     if best.loss_unscaled <= best.loss:  # scaling must never make a layer worse than plain rounding
         best = ScaleSearch(scales=torch.ones_like(x_mean, dtype=torch.float32), ratio=-1.0,
                            loss=best.loss_unscaled, loss_unscaled=best.loss_unscaled)
     return best
-
-
-def mlp_output_error(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                     act: Callable[[torch.Tensor], torch.Tensor]):
-    """A scorer for search_scales over (gate, up): ||MLP'(x) - MLP(x)||^2 on tokens x [N, in], with down
-    full precision. The MLP multiplies gate and up, so their errors interact; scoring each linear's own
-    output error weighs them as if they did not."""
-    x, gate, up, down = (t.detach().float() for t in (x, gate, up, down))
-    with torch.no_grad():
-        reference = F.linear(act(F.linear(x, gate)) * F.linear(x, up), down)
-
-    @torch.no_grad()
-    def error(effective: list[torch.Tensor]) -> float:
-        out = F.linear(act(F.linear(x, effective[0])) * F.linear(x, effective[1]), down)
-        return float((out - reference).pow(2).sum())
-
-    return error
 
 
 def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightScheme,

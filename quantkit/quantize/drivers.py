@@ -184,18 +184,10 @@ class AWQDriver(Driver):
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        mlp_tokens: list[torch.Tensor] = []
-        attention_samples: list[tuple[torch.Tensor, Rotary]] = []
-
         def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
             observed[names] = (gptq.input_hessian(inputs), x_mean)
-            if names == STAGES[2] and options.mlp_objective_tokens:
-                mlp_tokens.append(evenly_spaced_tokens(inputs, options.mlp_objective_tokens))
-            if names == STAGES[0] and options.attention_objective_samples:
-                picked = evenly_spaced(len(inputs), options.attention_objective_samples)
-                attention_samples.extend((inputs[i], rotary[i]) for i in picked)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -206,16 +198,8 @@ class AWQDriver(Driver):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
             if prev is not None and targets:
-                error = None
-                if names == STAGES[2] and mlp_tokens and tuple(targets) == names:
-                    mlp = staged.mlp
-                    error = awq.mlp_output_error(mlp_tokens[0], mlp.gate_proj.weight, mlp.up_proj.weight,
-                                                 mlp.down_proj.weight, mlp.act_fn)
-                if names == STAGES[0] and attention_samples and tuple(targets) == names:
-                    error = attention_output_error(staged, attention_samples)
                 search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
-                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid,
-                                           error=error)
+                                           self.scheme, duo=options.duo_scaling, n_grid=options.n_grid)
                 self._apply_scales(staged, prev, names, search.scales, col_scale, row_scale)
                 hessian = awq.scale_hessian(hessian, search.scales)
             hessians.update({n: (hessian, observed[names][0]) for n in names})
@@ -256,42 +240,6 @@ class AWQDriver(Driver):
                 linear = staged.linear(name)
                 linear.weight.mul_(scales[None, :].to(linear.weight.dtype))
                 col_scale[name] = col_scale[name] * scales
-
-
-def evenly_spaced(total: int, count: int) -> list[int]:
-    """min(count, total) indices spread evenly over range(total), first and last included."""
-    if total <= count:
-        return list(range(total))
-    return torch.linspace(0, total - 1, count).long().tolist()
-
-
-def evenly_spaced_tokens(inputs: list[torch.Tensor], count: int) -> torch.Tensor:
-    """At most ``count`` rows of the samples' tokens, evenly spaced over all of them: [count, features]."""
-    tokens = torch.cat(inputs)
-    return tokens[evenly_spaced(tokens.shape[0], count)]
-
-
-def attention_output_error(staged: StagedLayer, samples: list[tuple[torch.Tensor, Rotary]]):
-    """A scorer for awq.search_scales over (q, k, v): the squared error of the attention block's output
-    (o_proj full precision) on these samples (attention inputs, rotary tables). q and k errors reach the
-    output through the softmax, which each linear's own output error cannot see."""
-    attn = staged.attn
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    reference = [attn.o_proj(staged.attention_core(x, r)) for x, r in samples]
-
-    @torch.no_grad()
-    def error(effective: list[torch.Tensor]) -> float:
-        originals = [p.weight.data for p in projections]
-        try:
-            for p, w in zip(projections, effective):
-                p.weight.data = w.to(p.weight.dtype)
-            return sum(float((attn.o_proj(staged.attention_core(x, r)) - want).pow(2).sum())
-                       for (x, r), want in zip(samples, reference))
-        finally:
-            for p, w in zip(projections, originals):
-                p.weight.data = w
-
-    return error
 
 
 class FP8Driver(Driver):

@@ -72,28 +72,3 @@ def test_scaled_hessian_matches_scaled_inputs():
     x, s = torch.randn(30, 6), torch.rand(6) + 0.5
     torch.testing.assert_close(awq.scale_hessian(input_hessian([x]), s),
                                input_hessian([x / s]), rtol=1e-5, atol=1e-5)
-
-
-def _mlp(x, gate, up, down):
-    return torch.nn.functional.silu(x @ gate.T) * (x @ up.T) @ down.T
-
-
-def test_mlp_output_error_is_the_squared_error_of_the_whole_mlp():
-    torch.manual_seed(2)
-    x, gate, up, down = torch.randn(40, 16), torch.randn(24, 16), torch.randn(24, 16), torch.randn(16, 24)
-    error = awq.mlp_output_error(x, gate, up, down, torch.nn.functional.silu)
-    assert error([gate, up]) == 0.0
-    gate_q, up_q = fake_quantize(gate, SCHEME), fake_quantize(up, SCHEME)
-    direct = (_mlp(x, gate_q, up_q, down) - _mlp(x, gate, up, down)).pow(2).sum()
-    torch.testing.assert_close(torch.tensor(error([gate_q, up_q])), direct, rtol=1e-4, atol=1e-4)
-
-
-def test_scale_search_on_the_mlp_output_protects_salient_channels_and_beats_rounding():
-    x = _salient_inputs(tokens=1000)
-    gate, up, down = torch.randn(48, 32), torch.randn(48, 32), torch.randn(32, 48)
-    error = awq.mlp_output_error(x, gate, up, down, torch.nn.functional.silu)
-    found = awq.search_scales([gate, up], x.abs().mean(dim=0), input_hessian([x]), SCHEME, error=error)
-    assert found.loss < 0.8 * found.loss_unscaled
-    assert found.scales[[3, 17]].min() > 1.0
-    effective = [fake_quantize(w * found.scales, SCHEME) / found.scales for w in (gate, up)]
-    assert abs(error(effective) - found.loss) < 1e-6 * found.loss

@@ -3,7 +3,7 @@
 import torch
 
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.quantize.drivers import AWQDriver, GPTQDriver, evenly_spaced_tokens
+from quantkit.quantize.drivers import GPTQDriver
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
 
@@ -63,59 +63,3 @@ def test_refit_scales_keeps_the_codes_and_lowers_the_layers_output_errors(tiny_m
         assert not torch.equal(done[True].quantized[name].scale, done[False].quantized[name].scale)
     plain, refit = (sum(r.error for r in done[k].reports) for k in (False, True))
     assert refit < plain, (refit, plain)
-
-
-def test_evenly_spaced_tokens_span_all_samples():
-    inputs = [torch.arange(10.0)[:, None], torch.arange(10.0, 16.0)[:, None]]
-    assert evenly_spaced_tokens(inputs, 4)[:, 0].tolist() == [0.0, 5.0, 10.0, 15.0]
-    assert evenly_spaced_tokens(inputs, 100).shape == (16, 1)  # fewer tokens than asked: all of them
-
-
-def test_awq_mlp_objective_changes_only_the_gate_up_search_and_lowers_the_mlp_error(tiny_model):
-    model = LayerwiseModel(tiny_model)
-    hidden, rotary = _layer_inputs(model)
-    with model.layer(0) as layer:
-        staged = _staged(model, layer)
-        residual = [staged.attention_output(h, staged.attention_core(staged.attention_input(h), r))
-                    for h, r in zip(hidden, rotary)]
-        fp_mlp = [staged.mlp(staged.mlp_input(r)) for r in residual]
-    done, mlp_errors = {}, {}
-    for tokens in (0, 10_000):
-        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32}, "quantization": {
-            "method": "awq", "mlp_objective_tokens": tokens, "clip": False}})
-        with model.layer(0) as layer, torch.no_grad():
-            staged = _staged(model, layer)
-            done[tokens] = AWQDriver(recipe, "model.layers.0").quantize_layer(staged, hidden, rotary)
-            # The checkpoint's MLP: its norm holds 1 / s, gate/up and down their quantized weights.
-            gate, up, down = (done[tokens].quantized[f"mlp.{n}_proj"].dequantize() for n in ("gate", "up", "down"))
-            mlp_errors[tokens] = 0.0
-            for r, want in zip(residual, fp_mlp):
-                x = staged.mlp_input(r)
-                got = torch.nn.functional.linear(layer.mlp.act_fn(x @ gate.T) * (x @ up.T), down)
-                mlp_errors[tokens] += float((got - want).square().sum())
-    for name in ("self_attn.q_proj", "self_attn.o_proj"):  # the other mappings search as before
-        assert torch.equal(done[0].quantized[name].q, done[10_000].quantized[name].q)
-    assert mlp_errors[10_000] < mlp_errors[0], mlp_errors
-
-
-def test_awq_attention_objective_lowers_the_attention_blocks_error(tiny_model):
-    model = LayerwiseModel(tiny_model)
-    hidden, rotary = _layer_inputs(model)
-    with model.layer(0) as layer:
-        staged = _staged(model, layer)
-        fp_attention = [staged.attn.o_proj(staged.attention_core(staged.attention_input(h), r))
-                        for h, r in zip(hidden, rotary)]
-    errors, done = {}, {}
-    for samples in (0, 8):
-        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32}, "quantization": {
-            "method": "awq", "attention_objective_samples": samples, "clip": False}})
-        with model.layer(0) as layer, torch.no_grad():
-            staged = _staged(model, layer)
-            done[samples] = AWQDriver(recipe, "model.layers.0").quantize_layer(staged, hidden, rotary)
-            for name in ("q_proj", "k_proj", "v_proj"):  # the checkpoint's q/k/v; its norm holds 1 / s
-                getattr(staged.attn, name).weight.data = done[samples].quantized[f"self_attn.{name}"].dequantize()
-            errors[samples] = sum(
-                float((staged.attn.o_proj(staged.attention_core(staged.attention_input(h), r)) - want).square().sum())
-                for h, r, want in zip(hidden, rotary, fp_attention))
-    assert torch.equal(done[0].quantized["mlp.gate_proj"].q, done[8].quantized["mlp.gate_proj"].q)
-    assert errors[8] < errors[0], errors
