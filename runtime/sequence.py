@@ -34,6 +34,11 @@ class Sequence:
         self.num_preemptions = 0
         self.output_text = ""
         self.num_streamed_chars = 0
+        # Incremental detokenization (runtime/detokenizer.py): text of output tokens [0, read_offset) is
+        # final; tokens from prefix_offset on are decoded again each step.
+        self.stable_text = ""
+        self.prefix_offset = 0
+        self.read_offset = 0
         self.generator = None  # torch.Generator of a seeded request, made by the model runner
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None

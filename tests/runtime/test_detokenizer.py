@@ -39,3 +39,24 @@ def test_a_false_stop_prefix_is_released_later():
 def test_incomplete_characters_are_held_back():
     _, deltas, _ = feed("ab\ufffdc")
     assert deltas == ["a", "b", "", "\ufffdc"]
+
+
+def test_incremental_text_equals_a_full_decode_with_the_real_tokenizer():
+    """SmolLM2's byte-level BPE splits multi-byte characters across tokens; the windowed decode must
+    still give exactly the full decode, and stream it all."""
+    from quantkit.models import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m"))
+    text = "Héllo wörld, 你好 🙂🚀 naïve café\n\tdef f(x):\n        return x ** 2  # ünïcödé ✓"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    seq = Sequence("r", [1], SamplingParams())
+    deltas = []
+    for i in ids:
+        seq.append_token(i)
+        update_text(seq, tokenizer)
+        deltas.append(take_delta(seq))
+    seq.status = SequenceStatus.FINISHED
+    deltas.append(take_delta(seq))
+    assert seq.output_text == tokenizer.decode(ids) == text
+    assert "".join(deltas) == text
+    assert seq.read_offset == len(ids)  # every window closed: nothing is decoded twice any more
