@@ -30,6 +30,7 @@ from quantkit.runtime.kernels.int4_layout import dequantize_int4, pack_int4
 CPU_INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4pack kernel accepts
 CPU_INT4_N_MULTIPLE = 16  # ... and output sizes that are multiples of 16
 CPU_INT4_ACTIVATIONS = torch.bfloat16  # its fast path; its float32 path is ~10x slower on AVX2
+CPU_BACKENDS = ("cpu-native", "cpu-int4pack")  # in the order "auto" prefers them
 
 
 class Int4Linear(nn.Module):
@@ -47,7 +48,7 @@ class Int4Linear(nn.Module):
         g_idx = first.g_idx
         self.bias = None if bias is None else nn.Parameter(bias.to(device, dtype), requires_grad=False)
         self.backend = _backend(kernels, device, self.in_features, self.out_features, self.group_size, g_idx)
-        if self.backend in ("cpu-native", "cpu-int4pack"):
+        if self.backend in CPU_BACKENDS:
             self._init_cpu(q, scales, zeros, g_idx)
         else:
             qweight, scales_kn, zeros_kn = pack_int4(q, scales, zeros)
@@ -74,7 +75,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack([scale, offset], -1).to(CPU_INT4_ACTIVATIONS))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend in ("cpu-native", "cpu-int4pack") and self.perm is not None:
+        if self.backend in CPU_BACKENDS and self.perm is not None:
             x = x[:, self.perm]
         if self.backend == "cpu-native":
             y = cpu_int4.int4_matmul(x, self.codes, self.tile_scales, self.tile_offsets, self.group_size,
@@ -110,9 +111,6 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight.to(x.dtype) * self.weight_scale, self.bias)
-
-
-CPU_BACKENDS = ("cpu-native", "cpu-int4pack")
 
 
 def _backend(kernels: str, device: torch.device, in_features: int, out_features: int, group_size: int,
