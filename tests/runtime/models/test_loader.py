@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from quantkit.models import load_model
 from quantkit.quantize.run import QuantizeOptions, quantize
+from quantkit.runtime.kernels import cpu_int4
 from tests.runtime.conftest import TEXTS, first_token_logits
 
 
@@ -46,8 +47,10 @@ def test_cpu_int4_path_keeps_weights_packed_and_tracks_the_reference(make_llm, i
     assert all(m.native for m in fast.engine.runner.model.modules() if hasattr(m, "native"))
     assert not any(m.native for m in exact.engine.runner.model.modules() if hasattr(m, "native"))
     prompts = [fast.tokenizer.encode(t) for t in TEXTS[:4]]
+    # Prompts are longer than cpu_int4.SMALL_M rows: AMX computes in bf16 (close, not float32-exact);
+    # without AMX the blocks path decodes to float32 and multiplies in float32.
     for got, want in zip(first_token_logits(fast, prompts), first_token_logits(exact, prompts)):
-        assert 25 < sqnr_db(want, got) < 80  # bf16 activations: close, but not float32-exact
+        assert (25 < sqnr_db(want, got) < 80) if cpu_int4.amx() else sqnr_db(want, got) > 80
 
 
 def with_kv_scales(src, dst, k_scale, v_scale):
