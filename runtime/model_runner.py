@@ -74,7 +74,7 @@ class ModelRunner:
             from quantkit.runtime.kernels import cpu_attention, cpu_fused
 
             cpu_attention.available()
-            cpu_fused.supports(torch.zeros(1, dtype=self.dtype))
+            cpu_fused.available()
         log.info(self.capacity.describe(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem_bytes))
 
     def _num_blocks(self, bytes_per_token: int) -> int:

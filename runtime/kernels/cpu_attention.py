@@ -8,7 +8,6 @@ anything else (float16) takes the reference.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -20,7 +19,6 @@ SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
 _state: dict = {}
 
 
-@functools.cache
 def _extension():
     return cpu_extension.load(SOURCE)
 

@@ -5,6 +5,7 @@ a torch path."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -19,7 +20,6 @@ import torch
 log = logging.getLogger("quantkit.runtime")
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 STALE_LOCK_S = 600  # a build takes about a minute; an older lock file was left by a build that was killed
-_modules: dict[str, object] = {}
 
 
 def _cpu_features() -> str:
@@ -49,19 +49,19 @@ def build_directory(source: Path) -> Path:
     return directory
 
 
+@functools.cache
 def load(source: Path):
-    """The compiled module for source (built on first use, ~45 s; later processes load it), or None."""
-    if source.name not in _modules:
-        _modules[source.name] = None
-        try:
-            from torch.utils.cpp_extension import load as load_extension
+    """The compiled module for source (built on first use, ~45 s; later processes load it), or None.
+    Once per process: a failed build warns once and is not retried."""
+    try:
+        from torch.utils.cpp_extension import load as load_extension
 
-            # ninja may come from this venv's bin, which is not on PATH when the venv is not activated.
-            os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-            log.info("building the native CPU kernel %s (first use only)", source.name)
-            _modules[source.name] = load_extension(f"quantkit_{source.stem}", [str(source)], extra_cflags=CFLAGS,
-                                                   build_directory=str(build_directory(source)), verbose=False)
-        except Exception as exc:  # no compiler, no ninja, no headers: the torch path still works
-            warnings.warn(f"native CPU kernel {source.name} unavailable ({type(exc).__name__}: {str(exc)[:200]}); "
-                          "using the torch path", stacklevel=3)
-    return _modules[source.name]
+        # ninja may come from this venv's bin, which is not on PATH when the venv is not activated.
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        log.info("building the native CPU kernel %s (first use only)", source.name)
+        return load_extension(f"quantkit_{source.stem}", [str(source)], extra_cflags=CFLAGS,
+                              build_directory=str(build_directory(source)), verbose=False)
+    except Exception as exc:  # no compiler, no ninja, no headers: the torch path still works
+        warnings.warn(f"native CPU kernel {source.name} unavailable ({type(exc).__name__}: {str(exc)[:200]}); "
+                      "using the torch path", stacklevel=3)
+        return None

@@ -5,7 +5,6 @@ layers take their torch code where `supports` says no."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -16,14 +15,18 @@ SOURCE = Path(__file__).with_name("cpu_fused_ops.cpp")
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
 def _extension():
     return cpu_extension.load(SOURCE)
 
 
+def available() -> bool:
+    """Whether the ops are built here (building them on the first call, ~45 s; later processes load them)."""
+    return _extension() is not None
+
+
 def supports(x: torch.Tensor) -> bool:
     """Whether the native ops run for x (CPU, float32 or bfloat16, the kernel built here)."""
-    return x.device.type == "cpu" and x.dtype in DTYPES and _extension() is not None
+    return x.device.type == "cpu" and x.dtype in DTYPES and available()
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

@@ -11,7 +11,6 @@ Each 64-column tile is one contiguous block, read front to back. Groups must be 
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -28,7 +27,6 @@ BLOCK_TILES = 4  # int4_blocks: 256 columns per torch matmul
 PATHS = ("gemv", "amx", "blocks")
 
 
-@functools.cache
 def _extension():
     return cpu_extension.load(SOURCE)
 
