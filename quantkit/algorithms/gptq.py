@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.algorithms import native as native_loops
 from quantkit.algorithms.rtn import WeightScheme, grid_params, mse_grid_params, quantize_to_grid
 from quantkit.formats.quantized import QuantizedWeight
 
@@ -118,33 +119,58 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     q = torch.zeros_like(w)
     scales = torch.zeros(out_features, scheme.groups(in_features))
     zeros = torch.zeros_like(scales)
+    if static is not None:
+        scales, zeros = static[0].float().contiguous(), static[1].float().contiguous()
+    column_groups = (perm // width).contiguous()
     for start in range(0, in_features, block_size):
         end = min(start + block_size, in_features)
-        block, errors = w[:, start:end].clone(), torch.zeros(out_features, end - start)
-        block_hinv = hinv[start:end, start:end]
-        for i in range(end - start):
-            column = int(perm[start + i])
-            group = column // width
-            if static is not None:
-                scale, zero = static[0][:, group], static[1][:, group]
-            elif (start + i) % width == 0:  # dynamic groups: parameters from the error-updated columns
-                columns = perm[start + i:start + i + width]
-                scale, zero = _row_params(block[:, i:i + width], scheme, None if energy is None else energy[columns])
-                scales[:, group], zeros[:, group] = scale, zero
-            codes = quantize_to_grid(block[:, i], scale, zero, scheme.max_q)
-            dequantized = (codes - zero) * scale
-            q[:, start + i] = codes
-            error = (block[:, i] - dequantized) / block_hinv[i, i]
-            block[:, i:] -= error[:, None] * block_hinv[i, i:][None, :]
-            errors[:, i] = error
+        block = w[:, start:end].contiguous()
+        codes, errors = torch.empty_like(block), torch.empty_like(block)
+        block_hinv = hinv[start:end, start:end].contiguous()
+        # Dynamic groups take their parameters from the error-updated columns when their first column comes up.
+        cuts = [0, end - start] if static is not None else sorted(
+            {0, end - start, *(i for i in range(end - start) if (start + i) % width == 0)})
+        for first, last in zip(cuts, cuts[1:]):
+            if static is None and (start + first) % width == 0:
+                group = (start + first) // width  # no act_order here, so columns are in order
+                columns = slice(start + first, start + first + width)
+                scales[:, group], zeros[:, group] = _row_params(block[:, first:first + width], scheme,
+                                                                None if energy is None else energy[columns])
+            quantize_columns(block, block_hinv, first, last, scales, zeros, column_groups[start:end],
+                             scheme.max_q, codes, errors)
+        q[:, start:end] = codes
         w[:, end:] -= errors @ hinv[start:end, end:]
-    if static is not None:
-        scales, zeros = static
     codes = torch.empty_like(q)
     codes[:, perm] = q
     weight_out = QuantizedWeight(q=codes.to(torch.uint8), scale=scales, zero=zeros.to(torch.int32),
                                  bits=scheme.bits, group_size=scheme.group_size, symmetric=scheme.symmetric)
     return GPTQResult(weight=weight_out, damp=damp_used, rtn_fallback=rtn_fallback)
+
+
+def quantize_columns(block: torch.Tensor, block_hinv: torch.Tensor, first: int, last: int, scale: torch.Tensor,
+                     zero: torch.Tensor, column_group: torch.Tensor, max_q: int, codes: torch.Tensor,
+                     errors: torch.Tensor) -> None:
+    """GPTQ's sequential loop over columns first..last-1 of a block [rows, n]: round each column on its group's
+    grid (scale, zero [rows, groups]; column_group [n]), write its codes and its error scaled by the inverse
+    Hessian factor's diagonal, and subtract the error's share from the block's later columns (in place).
+    The native kernel (native.cpp) rounds every operation as the torch loop does: same results."""
+    native = native_loops.module()
+    if native is not None:
+        native.quantize_columns(block, block_hinv, first, last, scale, zero, column_group, float(max_q), codes, errors)
+    else:
+        quantize_columns_torch(block, block_hinv, first, last, scale, zero, column_group, max_q, codes, errors)
+
+
+def quantize_columns_torch(block: torch.Tensor, block_hinv: torch.Tensor, first: int, last: int,
+                           scale: torch.Tensor, zero: torch.Tensor, column_group: torch.Tensor, max_q: int,
+                           codes: torch.Tensor, errors: torch.Tensor) -> None:
+    """The torch form of quantize_columns (the reference, and the path where the kernel cannot be built)."""
+    for i, group in zip(range(first, last), column_group[first:last].tolist()):
+        step, offset = scale[:, group], zero[:, group]
+        code = quantize_to_grid(block[:, i], step, offset, max_q)
+        error = (block[:, i] - (code - offset) * step) / block_hinv[i, i]
+        codes[:, i], errors[:, i] = code, error
+        block[:, i:] -= error[:, None] * block_hinv[i, i:][None, :]
 
 
 def _row_params(rows: torch.Tensor, scheme: WeightScheme,

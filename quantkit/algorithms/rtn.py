@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.algorithms import native as native_loops
 from quantkit.formats.quantized import QuantizedWeight
 
 
@@ -62,6 +63,20 @@ def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20, max_
     w = w.float()
     rows = w.shape[0]
     factors = 1 - max_shrink * torch.arange(steps + 1, dtype=torch.float32) / steps  # 1.0 first
+    native = native_loops.module() if scheme.scale_dtype in native_loops.SCALE_DTYPES else None
+    if native is not None:  # the same search row by row (equal up to the errors' summation order)
+        weights = torch.empty(0) if column_weights is None else column_weights.float().contiguous()
+        if weights.numel() == 0 or weights.shape in (w.shape[1:], w.shape):
+            scale, zero = native.mse_grid(w.contiguous(), weights, factors, scheme.bits, scheme.symmetric,
+                                          native_loops.SCALE_DTYPES[scheme.scale_dtype])
+            return scale, zero
+    return mse_grid_params_torch(w, scheme, factors, column_weights)
+
+
+def mse_grid_params_torch(w: torch.Tensor, scheme: WeightScheme, factors: torch.Tensor,
+                          column_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch form of mse_grid_params: all candidate ranges (``factors`` of each row's range) in one pass."""
+    rows, steps = w.shape[0], factors.numel() - 1
     low, high = w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0)
     candidates = torch.stack([low[None] * factors[:, None], high[None] * factors[:, None]], dim=-1)
     scale, zero = grid_params(candidates.reshape(-1, 2), scheme)

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("quantkit.runtime")
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd")
+# For kernels whose results must equal torch's float32 ops bit for bit: every operation rounded, no FMA contraction.
+EXACT_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 STALE_LOCK_S = 600  # a build takes about a minute; an older lock file was left by a build that was killed
 
 
@@ -33,12 +35,12 @@ def _cpu_features() -> str:
     return platform.processor()
 
 
-def build_directory(source: Path) -> Path:
+def build_directory(source: Path, cflags: tuple[str, ...] = CFLAGS) -> Path:
     """One directory per build key under quantkit's cache. torch's loader waits forever on the lock file of a
     build that was killed midway (seen: a CI run hung), so a stale lock goes."""
     from quantkit.models import cache_dir
 
-    key = hashlib.sha256(source.read_bytes() + " ".join(CFLAGS).encode() + _cpu_features().encode()
+    key = hashlib.sha256(source.read_bytes() + " ".join(cflags).encode() + _cpu_features().encode()
                          + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     directory = cache_dir() / "extensions" / f"{source.stem}-{key}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -50,7 +52,7 @@ def build_directory(source: Path) -> Path:
 
 
 @functools.cache
-def load(source: Path):
+def load(source: Path, cflags: tuple[str, ...] = CFLAGS):
     """The compiled module for source (built on first use, ~45 s; later processes load it), or None.
     Once per process: a failed build warns once and is not retried."""
     try:
@@ -59,8 +61,8 @@ def load(source: Path):
         # ninja may come from this venv's bin, which is not on PATH when the venv is not activated.
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         log.info("building the native CPU kernel %s (first use only)", source.name)
-        return load_extension(f"quantkit_{source.stem}", [str(source)], extra_cflags=CFLAGS,
-                              build_directory=str(build_directory(source)), verbose=False)
+        return load_extension(f"quantkit_{source.stem}", [str(source)], extra_cflags=list(cflags),
+                              build_directory=str(build_directory(source, cflags)), verbose=False)
     except Exception as exc:  # no compiler, no ninja, no headers: the torch path still works
         warnings.warn(f"native CPU kernel {source.name} unavailable ({type(exc).__name__}: {str(exc)[:200]}); "
                       "using the torch path", stacklevel=3)

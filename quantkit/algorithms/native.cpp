@@ -1,0 +1,152 @@
+// GPTQ's two hot loops on CPU, row by row with each row's data in L1 (torch's forms make ~10 passes over
+// memory per column or candidate):
+// - quantize_columns: quantize a run of columns of one block, each column's rounding error spread over the
+//   block's later columns through the inverse Hessian factor. Sequential in columns, independent across rows.
+// - mse_grid: each row's best shrunken range (rtn.mse_grid_params): every candidate's grid, codes and
+//   weighted squared error.
+// Built without -ffast-math and with FMA contraction off, so every operation rounds as torch's float32 ops
+// do: quantize_columns equals the torch loop bit for bit; mse_grid's errors differ from torch's only in
+// summation order.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// block [rows, n] float32, updated in place; hinv [n, n] float32 (the block's part of the upper Cholesky
+// factor of H^-1); scale, zero [rows, groups] float32; column_group [n] int64: each column's group;
+// codes, errors [rows, n] float32, written for columns first..last-1.
+void quantize_columns(torch::Tensor block, torch::Tensor hinv, int64_t first, int64_t last, torch::Tensor scale,
+                      torch::Tensor zero, torch::Tensor column_group, double max_q, torch::Tensor codes,
+                      torch::Tensor errors) {
+  TORCH_CHECK(block.dim() == 2 && block.scalar_type() == torch::kFloat32 && block.is_contiguous(),
+              "block must be a contiguous float32 [rows, n]");
+  const int64_t rows = block.size(0), n = block.size(1), groups = scale.size(1);
+  TORCH_CHECK(hinv.sizes() == torch::IntArrayRef({n, n}) && hinv.scalar_type() == torch::kFloat32 &&
+                  hinv.is_contiguous(), "hinv must be a contiguous float32 [n, n]");
+  TORCH_CHECK(scale.sizes() == zero.sizes() && scale.size(0) == rows && scale.is_contiguous() &&
+                  zero.is_contiguous() && scale.scalar_type() == torch::kFloat32 &&
+                  zero.scalar_type() == torch::kFloat32, "scale and zero must be contiguous float32 [rows, groups]");
+  TORCH_CHECK(column_group.numel() == n && column_group.scalar_type() == torch::kInt64 && column_group.is_contiguous(),
+              "column_group must be int64 [n]");
+  TORCH_CHECK(codes.sizes() == block.sizes() && errors.sizes() == block.sizes() && codes.is_contiguous() &&
+                  errors.is_contiguous() && codes.scalar_type() == torch::kFloat32 &&
+                  errors.scalar_type() == torch::kFloat32, "codes and errors must be contiguous float32 like block");
+  TORCH_CHECK(0 <= first && first <= last && last <= n, "columns out of range");
+  const int64_t* group_of = column_group.data_ptr<int64_t>();
+  for (int64_t i = first; i < last; ++i) TORCH_CHECK(0 <= group_of[i] && group_of[i] < groups, "group out of range");
+
+  float* b = block.data_ptr<float>();
+  const float* h = hinv.data_ptr<float>();
+  const float* s = scale.data_ptr<float>();
+  const float* z = zero.data_ptr<float>();
+  float* q = codes.data_ptr<float>();
+  float* e = errors.data_ptr<float>();
+  const float top = static_cast<float>(max_q);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = b + r * n;
+      for (int64_t i = first; i < last; ++i) {
+        const float step = s[r * groups + group_of[i]], offset = z[r * groups + group_of[i]];
+        const float code = std::min(std::max(std::nearbyint(row[i] / step) + offset, 0.0f), top);
+        const float error = (row[i] - (code - offset) * step) / h[i * n + i];
+        q[r * n + i] = code;
+        e[r * n + i] = error;
+        const float* h_row = h + i * n;
+        for (int64_t j = i; j < n; ++j) {
+          const float update = error * h_row[j];
+          row[j] = row[j] - update;
+        }
+      }
+    }
+  });
+}
+
+// The grid of one range [low, high] (low <= 0 <= high), as rtn.grid_params computes it: scale rounded to the
+// dtype checkpoints store it in.
+template <typename ScaleT>
+void grid(float low, float high, int bits, bool symmetric, float* scale, float* zero) {
+  const float max_q = static_cast<float>((1 << bits) - 1);
+  float step, offset;
+  if (symmetric) {
+    step = std::max(-low, high) / (static_cast<float>(1 << (bits - 1)) - 0.5f);
+    offset = static_cast<float>(1 << (bits - 1));
+  } else {
+    step = (high - low) / max_q;
+    offset = std::nearbyint(-low / std::max(step, std::numeric_limits<float>::min()));
+  }
+  if (step == 0.0f) step = 1.0f;  // an all-zero row stays exactly zero
+  step = std::max(step, static_cast<float>(std::numeric_limits<ScaleT>::min()));
+  *scale = static_cast<float>(static_cast<ScaleT>(step));
+  *zero = std::min(std::max(offset, 0.0f), max_q);
+}
+
+// w [rows, cols] float32; weights: [cols] or [rows, cols] float32 (or empty: unweighted); factors [candidates]
+// float32, 1.0 first. Returns (scale, zero) [rows] of each row's candidate with the least error (the first
+// of equal ones).
+// scale_dtype: 0 float32, 1 float16, 2 bfloat16.
+std::vector<torch::Tensor> mse_grid(torch::Tensor w, torch::Tensor weights, torch::Tensor factors, int64_t bits,
+                                    bool symmetric, int64_t scale_dtype) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(), "w must be a contiguous float32 [rows, cols]");
+  TORCH_CHECK(factors.scalar_type() == torch::kFloat32 && factors.is_contiguous(), "factors must be float32");
+  TORCH_CHECK(0 <= scale_dtype && scale_dtype <= 2 && 1 <= bits && bits <= 8, "bad scale dtype or bits");
+  const int64_t rows = w.size(0), cols = w.size(1), count = factors.numel();
+  const bool weighted = weights.numel() > 0;
+  int64_t weight_row_stride = 0;
+  if (weighted) {
+    TORCH_CHECK(weights.scalar_type() == torch::kFloat32 && weights.is_contiguous() &&
+                    (weights.sizes() == torch::IntArrayRef({cols}) || weights.sizes() == w.sizes()),
+                "weights must be contiguous float32 [cols] or [rows, cols]");
+    weight_row_stride = weights.dim() == 2 ? cols : 0;
+  }
+  auto scale = torch::empty({rows}, w.options()), zero = torch::empty({rows}, w.options());
+  const float* x = w.data_ptr<float>();
+  const float* cw = weighted ? weights.data_ptr<float>() : nullptr;
+  const float* f = factors.data_ptr<float>();
+  float* best_scale = scale.data_ptr<float>();
+  float* best_zero = zero.data_ptr<float>();
+  const float max_q = static_cast<float>((1 << bits) - 1);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x + r * cols;
+      const float* row_weights = weighted ? cw + r * weight_row_stride : nullptr;
+      float low = 0.0f, high = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        low = std::min(low, row[c]);
+        high = std::max(high, row[c]);
+      }
+      float best = std::numeric_limits<float>::infinity();
+      for (int64_t k = 0; k < count; ++k) {
+        float step, offset;
+        const float lo = low * f[k], hi = high * f[k];
+        if (scale_dtype == 2) grid<c10::BFloat16>(lo, hi, bits, symmetric, &step, &offset);
+        else if (scale_dtype == 1) grid<c10::Half>(lo, hi, bits, symmetric, &step, &offset);
+        else grid<float>(lo, hi, bits, symmetric, &step, &offset);
+        float error = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float code = std::min(std::max(std::nearbyint(row[c] / step) + offset, 0.0f), max_q);
+          const float diff = (code - offset) * step - row[c];
+          error += weighted ? diff * diff * row_weights[c] : diff * diff;
+        }
+        if (error < best || k == 0) {
+          best = error;
+          best_scale[r] = step;
+          best_zero[r] = offset;
+        }
+      }
+    }
+  });
+  return {scale, zero};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quantize_columns", &quantize_columns, "GPTQ's column loop over columns first..last-1 of a block");
+  m.def("mse_grid", &mse_grid, "each row's (scale, zero) of the shrunken range with the least squared error");
+}
