@@ -35,6 +35,9 @@ class StagedLayer:
         self.layer = layer
         self.attn, self.mlp = layer.self_attn, layer.mlp
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        # Rotated q and k that attention_received computed, for attention_core to take instead of computing them
+        # again: id(x) -> (x, the q/k weights they came from, q, k). Holding x keeps its id from being reused.
+        self._rotated: dict[int, tuple] = {}
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
@@ -47,11 +50,8 @@ class StagedLayer:
     def attention_core(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """softmax(q k^T / sqrt(d)) v for one sample, causal, GQA; returns the o_proj input [tokens, heads*dim]."""
         tokens = x.shape[0]
-        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
-        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        q, k = self._take_rotated(x) or self._rotated_qk(x, rotary)
         v = self.attn.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
-        cos, sin = rotary
-        q, k = rotate_keys(q, cos, sin), rotate_keys(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.attn.scaling,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
@@ -63,15 +63,33 @@ class StagedLayer:
         probability. An error in token j's value moves the output by sum_i a_ij dv_j, so a token
         that every query attends to (an attention sink) weighs far more than its count."""
         tokens = x.shape[0]
-        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
-        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
-        q, k = rotate_keys(q, *rotary)[0], rotate_keys(k, *rotary)[0]
+        q, k = self._rotated_qk(x, rotary)
+        self._rotated[id(x)] = (x, self._qk_weights(), q, k)
+        q, k = q[0], k[0]
         # Query heads grouped by their KV head, [kv_heads, group * tokens, dim]; scaling and the causal mask
         # in one baddbmm (half the time of separate products, masked_fill and a repeated K).
         q = q.reshape(self.num_kv_heads, -1, self.head_dim)
         future = _future_mask(tokens, q.shape[1] // tokens, q.dtype)
         probs = torch.baddbmm(future, q, k.transpose(1, 2), alpha=self.attn.scaling).softmax(dim=-1)
         return probs.square_().sum(dim=1)
+
+    def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k after rotary, [1, heads, tokens, dim]."""
+        tokens = x.shape[0]
+        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        return rotate_keys(q, *rotary), rotate_keys(k, *rotary)
+
+    def _qk_weights(self) -> tuple[tuple[int, int], ...]:
+        """Where the q/k weights live and their in-place version: changes when a method replaces or edits them."""
+        return tuple((w.data_ptr(), w._version) for w in (self.attn.q_proj.weight, self.attn.k_proj.weight))
+
+    def _take_rotated(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The q and k attention_received made from this very x, if the q/k weights are still the ones it used."""
+        entry = self._rotated.pop(id(x), None)
+        if entry is None or entry[0] is not x or entry[1] != self._qk_weights():
+            return None
+        return entry[2], entry[3]
 
     @torch.no_grad()
     def key_value_absmax(self, hidden: torch.Tensor, rotary: Rotary) -> tuple[float, float]:

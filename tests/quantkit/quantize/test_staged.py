@@ -63,6 +63,30 @@ def test_attention_received_equals_per_head_softmax_on_random_inputs(tiny_model)
     torch.testing.assert_close(received, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_attention_core_reuses_the_rotated_qk_of_attention_received_only_while_the_weights_are_unchanged(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    torch.manual_seed(2)
+    x = torch.randn(9, config.hidden_size)
+    rotary = model.position_embeddings(x[None])
+    with model.layer(0) as layer:
+        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads,
+                             config.hidden_size // config.num_attention_heads)
+        fresh = staged.attention_core(x, rotary)
+        staged.attention_received(x, rotary)
+        assert torch.equal(staged.attention_core(x, rotary), fresh) and not staged._rotated  # taken once
+        staged.attention_received(x, rotary)
+        layer.self_attn.q_proj.weight.data = layer.self_attn.q_proj.weight.data * 2  # a method replaces q
+        replaced = staged.attention_core(x, rotary)
+        staged.attention_received(x, rotary)
+        with torch.no_grad():
+            layer.self_attn.k_proj.weight.mul_(0.5)  # or edits k in place
+        edited = staged.attention_core(x, rotary)
+        staged.attention_received(x.clone(), rotary)  # another tensor with the same values is not "this x"
+        assert torch.equal(staged.attention_core(x, rotary), edited)
+    assert not torch.allclose(replaced, fresh) and not torch.allclose(edited, replaced)
+
+
 def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
     # The hook changes the quantized stream's weights; the reference copy must still give the original
     # layer's outputs, and each stage's hook must see both streams' inputs.
