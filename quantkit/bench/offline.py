@@ -225,9 +225,11 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
             rows.append(OfflineRow(engine=engine, model=ckpt, dtype=dtype, threads=threads, requests=num_requests,
                                    output_len=output_len, seconds=None, tokens_per_second=None, note=failed[i]))
             continue
-        median = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+        median = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]  # of two middle ones, the faster
         add(engine, ckpt, num_requests, median)
         rows[-1].runs = [round(num_requests * output_len / r["seconds"], 1) for r in runs]
+        if i in failed:  # failed in a later round: the rounds before it stand, the failure is still reported
+            rows[-1].note = "; ".join(filter(None, [rows[-1].note, f"round {len(runs) + 1}: {failed[i]}"]))
     serial_tps = rows[0].tokens_per_second
     for row in rows:
         if row.tokens_per_second is not None:

@@ -70,3 +70,24 @@ def test_rounds_interleave_the_rows_and_report_each_rows_median(tiny_model, monk
     assert len(quantkit_row.runs) == 3
     assert quantkit_row.tokens_per_second == sorted(quantkit_row.runs)[1]
     assert "rounds tok/s" in [c.header for c in offline.rows_table(rows, "t").columns]
+
+
+def test_a_vllm_row_that_fails_in_a_later_round_keeps_its_earlier_rounds_and_says_so(tiny_model, monkeypatch):
+    from quantkit.bench import offline, workers
+
+    monkeypatch.setattr(workers, "run_worker", lambda module, args, threads: {"seconds": 1.0})
+    outcomes = iter([{"seconds": 2.0}, RuntimeError("vLLM worker gave no result (exit 1):\nMemoryError: out of memory")])
+
+    def fake_vllm(ckpt, prompts, output_len, threads, dtype):
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(offline, "_run_vllm", fake_vllm)
+    rows = offline_benchmark(str(tiny_model), num_requests=4, output_len=3, serial_requests=2, vllm=True,
+                             rounds=3, progress=lambda m: None)
+    vllm_row = rows[-1]
+    assert vllm_row.runs == [6.0] and vllm_row.tokens_per_second == 6.0
+    assert vllm_row.note == "round 2: failed: MemoryError: out of memory"
+    assert rows[2].runs == [12.0, 12.0, 12.0]  # the quantkit row ran every round
