@@ -117,10 +117,11 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSch
     if rtn_fallback:
         hinv = torch.eye(in_features)
     q = torch.zeros_like(w)
-    scales = torch.zeros(out_features, scheme.groups(in_features))
-    zeros = torch.zeros_like(scales)
     if static is not None:
-        scales, zeros = static[0].float().contiguous(), static[1].float().contiguous()
+        scales, zeros = static[0].contiguous(), static[1].contiguous()
+    else:  # filled group by group below
+        scales = torch.zeros(out_features, scheme.groups(in_features))
+        zeros = torch.zeros_like(scales)
     column_groups = (perm // width).contiguous()
     for start in range(0, in_features, block_size):
         end = min(start + block_size, in_features)

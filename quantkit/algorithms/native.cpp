@@ -18,6 +18,11 @@
 
 namespace {
 
+// A value's code on a grid, as rtn.quantize_to_grid computes it: clamp(round(value / step) + offset, 0, max_q).
+inline float grid_code(float value, float step, float offset, float max_q) {
+  return std::min(std::max(std::nearbyint(value / step) + offset, 0.0f), max_q);
+}
+
 // block [rows, n] float32, updated in place; hinv [n, n] float32 (the block's part of the upper Cholesky
 // factor of H^-1); scale, zero [rows, groups] float32; column_group [n] int64: each column's group;
 // codes, errors [rows, n] float32, written for columns first..last-1.
@@ -53,7 +58,7 @@ void quantize_columns(torch::Tensor block, torch::Tensor hinv, int64_t first, in
       float* row = b + r * n;
       for (int64_t i = first; i < last; ++i) {
         const float step = s[r * groups + group_of[i]], offset = z[r * groups + group_of[i]];
-        const float code = std::min(std::max(std::nearbyint(row[i] / step) + offset, 0.0f), top);
+        const float code = grid_code(row[i], step, offset, top);
         const float error = (row[i] - (code - offset) * step) / h[i * n + i];
         q[r * n + i] = code;
         e[r * n + i] = error;
@@ -129,7 +134,7 @@ std::vector<torch::Tensor> mse_grid(torch::Tensor w, torch::Tensor weights, torc
         else grid<float>(lo, hi, bits, symmetric, &step, &offset);
         float error = 0.0f;
         for (int64_t c = 0; c < cols; ++c) {
-          const float code = std::min(std::max(std::nearbyint(row[c] / step) + offset, 0.0f), max_q);
+          const float code = grid_code(row[c], step, offset, max_q);
           const float diff = (code - offset) * step - row[c];
           error += weighted ? diff * diff * row_weights[c] : diff * diff;
         }

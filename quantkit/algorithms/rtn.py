@@ -61,7 +61,6 @@ def mse_grid_params(w: torch.Tensor, scheme: WeightScheme, steps: int = 20, max_
     weigh each column's squared error, e.g. by its input's energy, so the range favours the columns that
     matter for the layer's output."""
     w = w.float()
-    rows = w.shape[0]
     factors = 1 - max_shrink * torch.arange(steps + 1, dtype=torch.float32) / steps  # 1.0 first
     native = native_loops.module() if scheme.scale_dtype in native_loops.SCALE_DTYPES else None
     if native is not None:  # the same search row by row (equal up to the errors' summation order)

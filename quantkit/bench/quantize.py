@@ -95,10 +95,9 @@ def _print(console, model, calib, eval_set, n, length, threads, base, rows) -> N
 
 
 def _quantize_worker(model_dir: str, recipe: str, calib_dir: str, out: str, threads: int) -> dict:
+    from quantkit.algorithms import native
     from quantkit.calibration.run import peak_rss_mb
     from quantkit.quantize.run import QuantizeOptions, quantize
-
-    from quantkit.algorithms import native
 
     torch.set_num_threads(threads)
     native.module()  # a fresh machine builds GPTQ's native loops once (~45 s): not part of any method's time
