@@ -27,9 +27,12 @@ CORPUS = [
 ] * 20
 
 
-def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256) -> Path:
+def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, architecture: str = "llama",
+                     kv_heads: int = 2) -> Path:
+    """A random Llama-family model (llama, qwen2: q/k/v biases, mistral) with a small BPE tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -40,11 +43,17 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256) -> Pa
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                         unk_token="<unk>", pad_token="<|im_end|>")
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+    config_type, model_type = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                               "mistral": (MistralConfig, MistralForCausalLM)}[architecture]
+    config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
                          max_position_embeddings=max_positions, tie_word_embeddings=True)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = model_type(config)
+    with torch.no_grad():  # transformers initializes biases to zero, which would hide how they are handled
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0, 0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

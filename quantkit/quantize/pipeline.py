@@ -88,8 +88,8 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             hidden = done.outputs
             reference_hidden = done.reference_outputs if done.reference_outputs is not None else hidden
             for name, tensor in layer.state_dict().items():
-                module = name.rsplit(".", 1)[0]
-                if module not in done.quantized:
+                module, kind = name.rsplit(".", 1)
+                if module not in done.quantized or kind != "weight":  # a quantized linear's bias stays dense
                     result.dense[f"{prefix}.{name}"] = tensor.detach().to(dtype).clone()
             result.quantized.update({f"{prefix}.{n}": w for n, w in done.quantized.items()})
             result.ignored += [f"{prefix}.{n}" for n, m in layer.named_modules()
