@@ -25,6 +25,7 @@ WORKER = "quantkit.bench.quantize"
 
 def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: int, max_seq_len: int,
               threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None) -> list[dict]:
+    from quantkit.eval.stats import perplexity_increase_pct
     from quantkit.models import resolve_model
     from quantkit.recipes import load_recipe
 
@@ -49,8 +50,11 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
     base = ppl[str(path)]
     for row in rows:
-        row["perplexity"] = ppl[row["path"]]
-        row["delta"] = row["perplexity"] / base - 1
+        row["perplexity"] = ppl[row["path"]]["perplexity"]
+        increase = perplexity_increase_pct(base["nll"], ppl[row["path"]]["nll"], base["counts"])
+        # the 95% interval of a paired bootstrap over the evaluation chunks
+        row["delta"], row["delta_low"], row["delta_high"] = (x / 100 for x in (increase.value, increase.low, increase.high))
+    base = base["perplexity"]
     _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, base, rows)
     return rows
 
@@ -84,12 +88,12 @@ def _print(console, model, calib, eval_set, n, length, threads, base, rows) -> N
 
     table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on {eval_set}, "
                         f"{threads} thread(s)")
-    for column in ("method", "wall s", "peak RSS MB", "perplexity", "vs fp16"):
+    for column in ("method", "wall s", "peak RSS MB", "perplexity", "vs fp16 [95% interval]"):
         table.add_column(column)
     table.add_row("fp16 baseline", "-", "-", f"{base:.3f}", "1.00x")
     for row in rows:
         table.add_row(row["name"], f"{row['wall_s']:.1f}", f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
-                      f"{row['delta']:+.1%}")
+                      f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]")
     console.print(table)
     console.print(json.dumps({"baseline_perplexity": base, "rows": rows}))
 
@@ -107,14 +111,21 @@ def _quantize_worker(model_dir: str, recipe: str, calib_dir: str, out: str, thre
 
 
 def _perplexity_worker(eval_file: str, threads: int, model_dirs: list[str]) -> dict:
+    """Per model: perplexity, and each chunk's NLL sum and token count (for paired intervals)."""
+    import math
+
     from safetensors.torch import load_file
 
-    from quantkit.eval.perplexity import perplexity
+    from quantkit.eval.perplexity import sequence_nll
     from quantkit.models import load_model
 
     torch.set_num_threads(threads)
     chunks = load_file(eval_file)["input_ids"].tolist()
-    return {d: perplexity(load_model(Path(d)), chunks) for d in model_dirs}
+    results = {}
+    for model_dir in model_dirs:
+        nll, counts = sequence_nll(load_model(Path(model_dir)), chunks)
+        results[model_dir] = {"perplexity": math.exp(sum(nll) / sum(counts)), "nll": nll, "counts": counts}
+    return results
 
 
 if __name__ == "__main__":

@@ -9,17 +9,24 @@ import torch.nn.functional as F
 
 
 @torch.no_grad()
-def negative_log_likelihood(model, token_ids: list[list[int]]) -> tuple[float, int]:
-    """Sum of next-token NLL over every predicted position, and the count of positions."""
-    total, count = 0.0, 0
+def sequence_nll(model, token_ids: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Each sequence's summed next-token NLL and its count of predicted positions (sequences shorter
+    than 2 tokens predict nothing and are left out)."""
+    nll, counts = [], []
     for ids in token_ids:
         if len(ids) < 2:
             continue
         inputs = torch.tensor([ids])
         logits = model(inputs).logits[0, :-1].float()
-        total += float(F.cross_entropy(logits, inputs[0, 1:], reduction="sum"))
-        count += len(ids) - 1
-    return total, count
+        nll.append(float(F.cross_entropy(logits, inputs[0, 1:], reduction="sum")))
+        counts.append(len(ids) - 1)
+    return nll, counts
+
+
+def negative_log_likelihood(model, token_ids: list[list[int]]) -> tuple[float, int]:
+    """Sum of next-token NLL over every predicted position, and the count of positions."""
+    nll, counts = sequence_nll(model, token_ids)
+    return sum(nll), sum(counts)
 
 
 def perplexity(model, token_ids: list[list[int]]) -> float:

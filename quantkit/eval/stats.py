@@ -43,6 +43,19 @@ def mean_difference(baseline: np.ndarray, candidate: np.ndarray, **kwargs) -> Es
     return paired_bootstrap(len(diff), lambda idx: diff[idx].mean(), **kwargs)
 
 
+def perplexity_increase_pct(baseline_nll: np.ndarray, candidate_nll: np.ndarray, counts: np.ndarray,
+                            **kwargs) -> Estimate:
+    """Perplexity increase in percent, exp((NLL_cand - NLL_base) / tokens) - 1, from each sequence's NLL sum
+    and token count, with a paired bootstrap interval over sequences."""
+    base, cand = np.asarray(baseline_nll, dtype=np.float64), np.asarray(candidate_nll, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+
+    def increase(idx: np.ndarray) -> float:
+        return (np.exp((cand[idx].sum() - base[idx].sum()) / counts[idx].sum()) - 1) * 100
+
+    return paired_bootstrap(len(counts), increase, **kwargs)
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One row of the report. ``estimate`` is the quantity a gate compares (for perplexity the % increase,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from quantkit.eval.stats import Measurement, paired_bootstrap
+from quantkit.eval.stats import Measurement, paired_bootstrap, perplexity_increase_pct
 
 
 @dataclass
@@ -124,18 +124,14 @@ def measurements(comparison: TokenComparison, scope: str, bootstrap) -> list[Mea
     def positions(idx: np.ndarray) -> np.ndarray:
         return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in idx])
 
-    def increase(idx):
-        tok = c.counts[idx].sum()
-        return (np.exp((c.cand_nll[idx].sum() - c.base_nll[idx].sum()) / tok) - 1) * 100
-
     ppl_base = float(np.exp(c.base_nll.sum() / tokens))
     ppl_cand = float(np.exp(c.cand_nll.sum() / tokens))
     kl_mean = paired_bootstrap(n, lambda idx: c.kl[positions(idx)].mean(), **kwargs)
     kl_p99 = paired_bootstrap(n, lambda idx: np.quantile(c.kl[positions(idx)], 0.99), **kwargs)
     agree = paired_bootstrap(n, lambda idx: c.agree[positions(idx)].mean(), **kwargs)
     return [
-        Measurement("perplexity_increase_pct", scope, ppl_base, ppl_cand, paired_bootstrap(n, increase, **kwargs),
-                    "sequences", tokens),
+        Measurement("perplexity_increase_pct", scope, ppl_base, ppl_cand,
+                    perplexity_increase_pct(c.base_nll, c.cand_nll, c.counts, **kwargs), "sequences", tokens),
         Measurement("kl_mean", scope, 0.0, kl_mean.value, kl_mean, "sequences", tokens),
         Measurement("kl_p99", scope, 0.0, kl_p99.value, kl_p99, "sequences", tokens),
         Measurement("top1_agreement", scope, 1.0, agree.value, agree, "sequences", tokens),

@@ -22,3 +22,4 @@ def test_rows_for_a_shipped_recipe_and_a_recipe_file(tiny_model, tmp_path):
     for row in rows:
         assert (Path(row["path"]) / "model.safetensors").is_file()
         assert math.isfinite(row["perplexity"]) and row["perplexity"] > 1 and row["wall_s"] > 0
+        assert row["delta_low"] <= row["delta"] <= row["delta_high"] and row["delta_low"] < row["delta_high"]
