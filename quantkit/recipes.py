@@ -56,6 +56,8 @@ class AWQMethod(_Strict):
     duo_scaling: bool = True
     clip: bool = True
     n_grid: int = Field(20, ge=2)
+    # the clip search also shrinks each group's min and max by separate steps (asymmetric weights only)
+    clip_independent: bool = False
 
 
 class GPTQMethod(_Strict):

@@ -74,20 +74,26 @@ def search_scales(weights: list[torch.Tensor], x_mean: torch.Tensor, hessian: to
 
 
 def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightScheme,
-                steps: int = CLIP_STEPS, n_grid: int = N_GRID) -> torch.Tensor:
+                steps: int = CLIP_STEPS, n_grid: int = N_GRID, independent: bool = False) -> torch.Tensor:
     """Per (output row, group) clipping range: shrink [-absmax, absmax] by i/n_grid (i < steps) and keep
-    the one with the least error in that group's partial output. Returns the clipped weight."""
+    the one with the least error in that group's partial output. With ``independent`` (asymmetric
+    grids only) the group's [min, max] is also tried with its two ends shrunk by separate steps
+    (steps^2 more candidates): a group whose outlier sits on one side can trim that side alone. The
+    symmetric candidates stay in, so no group's error grows. Returns the clipped weight."""
     w = weight.float()
     out_features, in_features = w.shape
     groups, width = scheme.groups(in_features), scheme.width(in_features)
     grouped = w.reshape(out_features, groups, width)
     blocks = torch.stack([hessian[g * width:(g + 1) * width, g * width:(g + 1) * width] for g in range(groups)])
     absmax = grouped.abs().amax(dim=2, keepdim=True)
+    ranges = [(-absmax * (1 - i / n_grid), absmax * (1 - i / n_grid)) for i in range(steps)]
+    if independent and not scheme.symmetric:
+        low, high = grouped.amin(dim=2, keepdim=True).clamp(max=0), grouped.amax(dim=2, keepdim=True).clamp(min=0)
+        ranges += [(low * (1 - i / n_grid), high * (1 - j / n_grid)) for i in range(steps) for j in range(steps)]
     best_loss = torch.full((out_features, groups), float("inf"))
-    best_max = absmax.clone()
-    for i in range(steps):
-        limit = absmax * (1 - i / n_grid)
-        clipped = grouped.clamp(-limit, limit)
+    best_low, best_high = ranges[0][0].clone(), ranges[0][1].clone()
+    for low, high in ranges:
+        clipped = torch.maximum(torch.minimum(grouped, high), low)
         flat = clipped.reshape(out_features * groups, width)
         scale, zero = grid_params(flat, scheme)
         approx = ((quantize_to_grid(flat, scale[:, None], zero[:, None], scheme.max_q) - zero[:, None])
@@ -96,8 +102,9 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSchem
         loss = torch.einsum("ogi,gij,ogj->og", diff, blocks, diff)
         better = loss < best_loss
         best_loss = torch.where(better, loss, best_loss)
-        best_max = torch.where(better[..., None], limit, best_max)
-    return grouped.clamp(-best_max, best_max).reshape(out_features, in_features).to(weight.dtype)
+        best_low = torch.where(better[..., None], low, best_low)
+        best_high = torch.where(better[..., None], high, best_high)
+    return torch.maximum(torch.minimum(grouped, best_high), best_low).reshape(out_features, in_features).to(weight.dtype)
 
 
 def scale_hessian(hessian: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -208,7 +208,8 @@ class AWQDriver(Driver):
             scaled_hessian, hessian = hessians[name]
             weight = linear.weight.detach().float()
             if options.clip and not name.endswith(("q_proj", "k_proj")):
-                weight = awq.search_clip(weight, scaled_hessian, self.scheme, n_grid=options.n_grid)
+                weight = awq.search_clip(weight, scaled_hessian, self.scheme, n_grid=options.n_grid,
+                                         independent=options.clip_independent)
             qw = rtn_quantize(weight, self.scheme)
             result.quantized[name] = qw
             effective = qw.dequantize() * row_scale[name][:, None] / col_scale[name][None, :]

@@ -68,6 +68,33 @@ def test_clip_search_lowers_the_group_output_error():
     assert awq.output_error(w, fake_quantize(clipped, SCHEME), h) < awq.output_error(w, fake_quantize(w, SCHEME), h)
 
 
+def test_independent_clipping_never_loses_to_symmetric_and_trims_one_side():
+    """The [min, max] candidates come on top of the symmetric ones, so no (row, group) error grows; a
+    group spread over [-1, 1] with a +6 outlier gains by moving its negative end alone."""
+    torch.manual_seed(2)
+    x = torch.randn(1000, 32)
+    w = torch.randn(16, 32)
+    w[:, 5] *= 8.0
+    h = input_hessian([x])
+
+    def group_errors(clipped):  # each (row, group)'s output error on H's diagonal blocks
+        diff = (w - fake_quantize(clipped, SCHEME)).view(16, 2, 16)
+        blocks = torch.stack([h[g * 16:(g + 1) * 16, g * 16:(g + 1) * 16] for g in range(2)])
+        return torch.einsum("ogi,gij,ogj->og", diff, blocks, diff)
+
+    symmetric = group_errors(awq.search_clip(w, h, SCHEME))
+    independent = group_errors(awq.search_clip(w, h, SCHEME, independent=True))
+    assert (independent <= symmetric * (1 + 1e-6)).all() and independent.sum() < symmetric.sum()
+
+    row = torch.linspace(-1, 1, 16)
+    row[7] = 6.0
+    eye = torch.eye(16)
+    trimmed = awq.search_clip(row[None], eye, SCHEME, independent=True)
+    assert trimmed.max() == 6.0 and -1.0 < trimmed.min() < -0.8  # only the negative end moved
+    assert awq.output_error(row[None], fake_quantize(trimmed, SCHEME), eye) < \
+        awq.output_error(row[None], fake_quantize(awq.search_clip(row[None], eye, SCHEME), SCHEME), eye)
+
+
 def test_scaled_hessian_matches_scaled_inputs():
     x, s = torch.randn(30, 6), torch.rand(6) + 0.5
     torch.testing.assert_close(awq.scale_hessian(input_hessian([x]), s),
