@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
 from quantkit.models import load_model
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
+from tests.quantkit.quantize.reports import assert_beats_rounding
 
 # (architecture, KV heads): Qwen2 without grouped-query attention, so AWQ folds v_proj's scales into o_proj
 # and has to divide v_proj's bias as well.
@@ -41,12 +42,7 @@ def test_transformers_loads_the_checkpoint_with_our_logits(checkpoints, recipe):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_methods_beat_rounding(checkpoints, recipe):
-    _, result = checkpoints[recipe]
-    reports = [r for r in result.reports if r.error is not None]
-    assert len(reports) == 2 * 7
-    mean = sum(r.error for r in reports) / len(reports)
-    mean_rtn = sum(r.error_rtn for r in reports) / len(reports)
-    assert mean < 0.9 * mean_rtn, (mean, mean_rtn)
+    assert_beats_rounding(checkpoints[recipe][1], linears=2 * 7)
 
 
 def test_awq_folds_into_v_proj_with_its_bias_without_changing_the_layer(tmp_path):

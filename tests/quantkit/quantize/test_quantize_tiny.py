@@ -12,6 +12,7 @@ from quantkit.models import load_model
 from quantkit.quantize.drivers import AWQDriver
 from quantkit.quantize.staged import StagedLayer
 from tests.conftest import chat_rows, write_jsonl
+from tests.quantkit.quantize.reports import assert_beats_rounding
 
 RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder")
 
@@ -50,12 +51,7 @@ def test_transformers_loads_the_checkpoint_with_our_logits(checkpoints, recipe):
 
 @pytest.mark.parametrize("recipe", ["awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder"])
 def test_methods_beat_rounding_on_every_layer_on_average(checkpoints, recipe):
-    _, result = checkpoints[recipe]
-    reports = [r for r in result.reports if r.error is not None]
-    assert len(reports) == 2 * 7
-    mean = sum(r.error for r in reports) / len(reports)
-    mean_rtn = sum(r.error_rtn for r in reports) / len(reports)
-    assert mean < 0.9 * mean_rtn, (mean, mean_rtn)
+    assert_beats_rounding(checkpoints[recipe][1], linears=2 * 7)
 
 
 def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_model):
