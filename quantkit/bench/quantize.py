@@ -48,14 +48,14 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}"})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
-    base = ppl[str(path)]
+    baseline = ppl[str(path)]
     for row in rows:
         row["perplexity"] = ppl[row["path"]]["perplexity"]
-        increase = perplexity_increase_pct(base["nll"], ppl[row["path"]]["nll"], base["counts"])
         # the 95% interval of a paired bootstrap over the evaluation chunks
+        increase = perplexity_increase_pct(baseline["nll"], ppl[row["path"]]["nll"], baseline["counts"])
         row["delta"], row["delta_low"], row["delta_high"] = (x / 100 for x in (increase.value, increase.low, increase.high))
-    base = base["perplexity"]
-    _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, base, rows)
+    _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, baseline["perplexity"],
+           rows)
     return rows
 
 
