@@ -153,6 +153,8 @@ def quantize(
     pack: bool = typer.Option(False, help="With --dataset: concatenate records into full --max-seq-len chunks."),
     format: str = typer.Option("compressed-tensors", help="Checkpoint format: compressed-tensors, autoawq or gptq."),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+    max_shard_mb: int = typer.Option(1024, min=1, help="Largest safetensors file; bigger checkpoints are sharded "
+                                                       "with an index. Also bounds what the writer holds in memory."),
 ) -> None:
     """Apply a recipe (RTN, AWQ or GPTQ INT4) layer by layer and write a checkpoint vLLM and transformers load."""
     from quantkit.quantize.run import QuantizeOptions
@@ -160,7 +162,7 @@ def quantize(
 
     opts = QuantizeOptions(model=model, recipe=recipe, out=out, calib=calib, dataset=dataset,
                            num_samples=num_samples, max_seq_len=max_seq_len, seed=seed, pack=pack, format=format,
-                           overwrite=overwrite)
+                           overwrite=overwrite, max_shard_bytes=max_shard_mb * 1024**2)
     with _layer_progress("quantizing") as on_layer:
         result = run_quantize(opts, on_layer=on_layer)
     _print_quantize_summary(result)

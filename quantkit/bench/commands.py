@@ -57,6 +57,25 @@ def bench_quantize(
               list(recipe or DEFAULT_RECIPES), peers, console, keep)
 
 
+@bench_app.command("quantize-memory", epilog="Example: quantkit bench quantize-memory --layers 4,16,32")
+def bench_quantize_memory(
+    layers: str = typer.Option("4,16,32", help="Depths to quantize, comma-separated."),
+    hidden: int = typer.Option(1024, help="Hidden size of the random Llama."),
+    intermediate: int = typer.Option(2816, help="MLP size of the random Llama."),
+    recipe: str = typer.Option("rtn-w4a16-g64", help="A recipe that needs no calibration data."),
+    max_shard_mb: int = typer.Option(1024, min=1, help="The checkpoint writer's shard size."),
+    threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+) -> None:
+    """Peak RSS of `quantkit quantize` on random models of growing depth: flat when layers stream to disk."""
+    from quantkit.bench.quantize_memory import run_bench
+
+    try:
+        depths = [int(d) for d in layers.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{layers!r} is not a comma-separated list of integers", param_hint="--layers")
+    run_bench(depths, hidden, intermediate, recipe, max_shard_mb, threads, console)
+
+
 @bench_app.command("kv-cache", epilog="Example: quantkit bench kv-cache ckpt/ --threads 1")
 def bench_kv_cache(
     checkpoint: Path = typer.Argument(..., help="A checkpoint with KV-cache scales (recipe with kv_cache_scheme)."),

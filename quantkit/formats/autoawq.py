@@ -138,15 +138,17 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     Same contract as compressed_tensors.write_checkpoint, minus the dtype: scales are always fp16 here.
     A tied lm_head.weight is not written.
     """
+    return write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(quantized, quant_config),
+                               quant_config)
+
+
+def module_tensors(quantized: dict[str, QuantizedWeight], quant_config: dict):
+    """(module, its on-disk tensors) for every quantized Linear; each must have the config's group size."""
     group_size = weight_scheme(quant_config)
-
-    def module_tensors():
-        for module, qw in quantized.items():
-            if qw.group_size != group_size:
-                raise ValueError(f"{module}: group_size {qw.group_size} differs from quantization_config {group_size}")
-            yield module, weight_tensors(qw, where=module)
-
-    return write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(), quant_config)
+    for module, qw in quantized.items():
+        if qw.group_size != group_size:
+            raise ValueError(f"{module}: group_size {qw.group_size} differs from quantization_config {group_size}")
+        yield module, weight_tensors(qw, where=module)
 
 
 def find_quant_config(root: Path) -> tuple[dict, dict, str]:

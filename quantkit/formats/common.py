@@ -93,31 +93,105 @@ def _load_file(file: Path) -> dict[str, torch.Tensor]:
         raise QuantkitError(f"{file}: not a readable safetensors file ({exc})") from exc
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], out: Path) -> None:
-    """One model.safetensors (contiguous copies, "pt" metadata as transformers expects)."""
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+def save_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """One safetensors file (contiguous copies, "pt" metadata as transformers expects)."""
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+
+
+# What a checkpoint writer holds before it writes a shard: bounds its memory on large models, while a
+# small model (SmolLM2 quantized is ~0.1 GB) stays one model.safetensors; 1 GiB is about one
+# layer of an 8B model in float32. Loaders read any number of shards.
+DEFAULT_MAX_SHARD_BYTES = 1024**3
+
+
+class QuantizedDirWriter:
+    """Streams a quantized checkpoint into a directory: tensors are added as they are made (a layer at a
+    time) and written in safetensors shards of at most ``max_shard_bytes``, so a writer holds at most one
+    shard. ``finish`` names the files: a single model.safetensors, or model-0000i-of-0000n.safetensors
+    with the model.safetensors.index.json that transformers and vLLM read.
+
+    A tied lm_head.weight is not written, since loaders re-tie it.
+    """
+
+    def __init__(self, out_dir: str | Path, tie_word_embeddings: bool,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tied = tie_word_embeddings
+        self.max_shard_bytes = max_shard_bytes
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffer_bytes = 0
+        self._shards: list[tuple[Path, list[str]]] = []  # written so far: (file, its tensor names)
+        self._names: set[str] = set()
+        self._modules: set[str] = set()  # the quantized ones
+        self._total_bytes = 0
+
+    def add_dense(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, tensor in tensors.items():
+            if name.endswith(".weight") and name[: -len(".weight")] in self._modules:
+                raise ValueError(f"{name} is both dense and quantized")
+            if not (self.tied and name == "lm_head.weight"):
+                self._add(name, tensor)
+
+    def add_modules(self, module_tensors) -> None:
+        """module_tensors yields (module name, its on-disk tensors without the module prefix)."""
+        for module, tensors in module_tensors:
+            if f"{module}.weight" in self._names:
+                raise ValueError(f"{module}.weight is both dense and quantized")
+            self._modules.add(module)
+            for suffix, tensor in tensors.items():
+                self._add(f"{module}.{suffix}", tensor)
+
+    def _add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self._names:
+            raise ValueError(f"{name} is written twice")
+        size = tensor.numel() * tensor.element_size()
+        if self._buffer and self._buffer_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._names.add(name)
+        self._buffer[name] = tensor.contiguous()
+        self._buffer_bytes += size
+        self._total_bytes += size
+
+    def _flush(self) -> None:
+        file = self.out / f".shard-{len(self._shards) + 1:05d}.safetensors"
+        save_safetensors(self._buffer, file)
+        self._shards.append((file, list(self._buffer)))
+        self._buffer, self._buffer_bytes = {}, 0
+
+    def finish(self, hf_config: dict, quant_config: dict) -> Path:
+        """Write the last shard, name the shards, and write config.json with its quantization_config."""
+        if not self._shards:
+            save_safetensors(self._buffer, self.out / WEIGHTS_FILE)
+        else:
+            if self._buffer:
+                self._flush()
+            count = len(self._shards)
+            weight_map = {}
+            for number, (file, names) in enumerate(self._shards, start=1):
+                final = f"model-{number:05d}-of-{count:05d}.safetensors"
+                file.rename(self.out / final)
+                weight_map.update({name: final for name in names})
+            write_json(self.out / INDEX_FILE, {"metadata": {"total_size": self._total_bytes},
+                                               "weight_map": dict(sorted(weight_map.items()))})
+        config = copy.deepcopy(hf_config)
+        config["quantization_config"] = copy.deepcopy(quant_config)
+        write_json(self.out / "config.json", config)
+        return self.out
 
 
 def write_quantized_dir(out_dir: str | Path, hf_config: dict, dense_tensors: dict[str, torch.Tensor],
-                        module_tensors, quant_config: dict) -> Path:
-    """model.safetensors and config.json (with quantization_config) in `out_dir`, for any format.
+                        module_tensors, quant_config: dict,
+                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """A whole quantized checkpoint at once (weights and config.json), for any format; see QuantizedDirWriter.
 
     module_tensors yields (module name, its on-disk tensors without the module prefix), already checked
-    against the format's scheme; a tied lm_head.weight is not written, since loaders re-tie it.
+    against the format's scheme.
     """
-    tied = bool(hf_config.get("tie_word_embeddings", False))
-    state = {k: v for k, v in dense_tensors.items() if not (tied and k == "lm_head.weight")}
-    for module, tensors in module_tensors:
-        if f"{module}.weight" in state:
-            raise ValueError(f"{module}.weight is both dense and quantized")
-        state.update({f"{module}.{k}": v for k, v in tensors.items()})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, out)
-    config = copy.deepcopy(hf_config)
-    config["quantization_config"] = copy.deepcopy(quant_config)
-    write_json(out / "config.json", config)
-    return out
+    writer = QuantizedDirWriter(out_dir, bool(hf_config.get("tie_word_embeddings", False)), max_shard_bytes)
+    writer.add_dense(dense_tensors)
+    writer.add_modules(module_tensors)
+    return writer.finish(hf_config, quant_config)
 
 
 def fp16_scales(scale: torch.Tensor, where: str) -> torch.Tensor:

@@ -208,12 +208,13 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     dense_tensors are written as given (already in the model dtype); quantized maps a module name
     ("model.layers.0.self_attn.q_proj") to its weight. A tied lm_head.weight is not written.
     """
-    return write_quantized_dir(out_dir, hf_config, dense_tensors, _module_tensors(quantized, quant_config, dtype),
+    return write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(quantized, quant_config, dtype),
                                quant_config)
 
 
-def _module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):
-    """(module, its on-disk tensors) for every quantized Linear, in the config's format."""
+def module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):
+    """(module, its on-disk tensors) for every quantized Linear, in the config's format (its scheme must
+    match the config's: loaders read every layer with that one scheme)."""
     if quant_config.get("format") == float_quantized.FORMAT:
         for module, weight in quantized.items():
             if not isinstance(weight, Fp8Weight):

@@ -166,16 +166,24 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
     Same contract as compressed_tensors.write_checkpoint, minus the dtype: scales are always fp16 here.
     A tied lm_head.weight is not written.
     """
-    bits, group_size, symmetric, fmt = weight_scheme(quant_config)
-
-    def module_tensors():
-        for module, qw in quantized.items():
-            _check_matches_scheme(module, qw, bits, group_size, symmetric, bool(quant_config.get("desc_act")))
-            yield module, weight_tensors(qw, fmt, where=module)
-
-    out = write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(), quant_config)
-    write_json(out / SIDE_CONFIG, quant_config)
+    out = write_quantized_dir(out_dir, hf_config, dense_tensors, module_tensors(quantized, quant_config),
+                              quant_config)
+    write_side_config(out, quant_config)
     return out
+
+
+def write_side_config(out_dir: Path, quant_config: dict) -> None:
+    """quantize_config.json beside config.json: what AutoGPTQ-era loaders read."""
+    write_json(out_dir / SIDE_CONFIG, quant_config)
+
+
+def module_tensors(quantized: dict[str, QuantizedWeight], quant_config: dict):
+    """(module, its on-disk tensors) for every quantized Linear, in the config's checkpoint format (its
+    scheme must match the config's: loaders read every layer with that one scheme)."""
+    bits, group_size, symmetric, fmt = weight_scheme(quant_config)
+    for module, qw in quantized.items():
+        _check_matches_scheme(module, qw, bits, group_size, symmetric, bool(quant_config.get("desc_act")))
+        yield module, weight_tensors(qw, fmt, where=module)
 
 
 def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_size: int, symmetric: bool,

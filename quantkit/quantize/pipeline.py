@@ -1,6 +1,7 @@
 """The sequential pipeline: for each decoder layer, load its weights, let the method driver quantize it
 on the cached activations of all calibration samples, keep its outputs as the next layer's inputs,
-drop the weights. Peak memory: one layer plus the activations.
+hand its tensors to the checkpoint writer and drop them. Peak memory: one layer plus the activations
+(and what the writer buffers, at most one shard).
 
 With a kv_cache_scheme, each layer's K/V absmax is measured after quantization, with the weights the
 checkpoint will hold, on the same inputs the method saw.
@@ -18,24 +19,24 @@ from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.errors import QuantkitError
 from quantkit.algorithms import fp8
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.memory import release_freed_memory
 from quantkit.models import describe_model, head_dim, stored_dtype
 from quantkit.quantize.drivers import DRIVERS, LinearReport
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
 
 LayerCallback = Callable[[int, int], None]
+# Receives each finished piece of the model: (dense tensors in the model dtype, module name -> quantized weight).
+LayerSink = Callable[[dict[str, torch.Tensor], dict[str, QuantizedWeight | Fp8Weight]], None]
 
 
 @dataclass
-class QuantizedModel:
+class QuantizeSummary:
+    """What the pipeline learned besides the tensors, which went to the sink as they were made."""
     config: dict  # the source config.json
-    dtype: torch.dtype
-    dense: dict[str, torch.Tensor]  # every tensor that stays in the model dtype
-    quantized: dict[str, QuantizedWeight | Fp8Weight]  # module name -> weight
+    dtype: torch.dtype  # what dense tensors and scales are stored in
     reports: list[LinearReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # decoder linears the recipe leaves dense
-    # "model.layers.N.self_attn.k_scale" / "v_scale" -> [1] float32, when the recipe has a kv_cache_scheme
-    kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def check_group_size(model_path: Path, recipe: Recipe) -> None:
@@ -55,9 +56,12 @@ def check_group_size(model_path: Path, recipe: Recipe) -> None:
         )
 
 
-def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | None,
-                   on_layer: LayerCallback | None = None, scale_dtype: torch.dtype | None = None) -> QuantizedModel:
-    """scale_dtype: what the checkpoint stores scales in (default: the model dtype)."""
+def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | None, sink: LayerSink,
+                   on_layer: LayerCallback | None = None, scale_dtype: torch.dtype | None = None) -> QuantizeSummary:
+    """Quantize layer by layer, giving ``sink`` each layer's tensors (with its KV-cache scales
+    "model.layers.N.self_attn.k_scale" / "v_scale" when the recipe has a kv_cache_scheme), then the
+    embedding, final norm and lm_head. scale_dtype: what the checkpoint stores scales in (default: the
+    model dtype)."""
     model = LayerwiseModel(model_path)
     config = model.config
     # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
@@ -73,16 +77,17 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
         rotary = [model.position_embeddings(h[None]) for h in hidden]
     # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
     reference_hidden = hidden
-    result = QuantizedModel(config=config.to_dict(), dtype=dtype, dense={}, quantized={})
+    summary = QuantizeSummary(config=config.to_dict(), dtype=dtype)
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
             driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype)
             done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
+            dense = {}
             if recipe.kv_cache_scheme is not None:
                 _load_quantized(staged, done.quantized)
-                result.kv_scales.update(_kv_scales(staged, prefix, hidden, rotary))
+                dense.update(_kv_scales(staged, prefix, hidden, rotary))
                 if done.outputs is None:  # a driver without data: the next layer still needs inputs
                     done.outputs = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
             hidden = done.outputs
@@ -90,15 +95,17 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             for name, tensor in layer.state_dict().items():
                 module, kind = name.rsplit(".", 1)
                 if module not in done.quantized or kind != "weight":  # a quantized linear's bias stays dense
-                    result.dense[f"{prefix}.{name}"] = tensor.detach().to(dtype).clone()
-            result.quantized.update({f"{prefix}.{n}": w for n, w in done.quantized.items()})
-            result.ignored += [f"{prefix}.{n}" for n, m in layer.named_modules()
-                               if isinstance(m, torch.nn.Linear) and n not in done.quantized]
-        result.reports += done.reports
+                    dense[f"{prefix}.{name}"] = tensor.detach().to(dtype).clone()
+            sink(dense, {f"{prefix}.{n}": w for n, w in done.quantized.items()})
+            summary.ignored += [f"{prefix}.{n}" for n, m in layer.named_modules()
+                                if isinstance(m, torch.nn.Linear) and n not in done.quantized]
+        summary.reports += done.reports
+        del done, dense
+        release_freed_memory(collect_cycles=False)  # else the heap fragments and resident memory grows layer by layer
         if on_layer:
             on_layer(index + 1, model.num_layers)
-    result.dense.update(_outside_layers(model))
-    return result
+    sink(_outside_layers(model), {})
+    return summary
 
 
 def _load_quantized(staged: StagedLayer, quantized: dict[str, QuantizedWeight | Fp8Weight]) -> None:

@@ -15,9 +15,10 @@ from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import draw_samples
 from quantkit.errors import QuantkitError
-from quantkit.models import load_config, load_tokenizer, resolve_model
+from quantkit.formats.common import DEFAULT_MAX_SHARD_BYTES
+from quantkit.models import load_config, load_tokenizer, resolve_model, stored_dtype
 from quantkit.outdir import atomic_output_dir, check_output_dir
-from quantkit.quantize.checkpoint import check_format, write_checkpoint
+from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
 from quantkit.recipes import load_recipe
@@ -36,6 +37,7 @@ class QuantizeOptions:
     pack: bool = False
     format: str = "compressed-tensors"
     overwrite: bool = False
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 
 
 @dataclass
@@ -54,7 +56,7 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     check_format(recipe, opts.format)
     check_output_dir(opts.out, opts.overwrite)
     model_path = resolve_model(opts.model)
-    load_config(model_path)  # refuses unsupported architectures before any work
+    config = load_config(model_path)  # refuses unsupported architectures before any work
     check_group_size(model_path, recipe)
     samples, calib_info = None, None
     if recipe.needs_calibration:
@@ -62,17 +64,19 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     with atomic_output_dir(opts.out, opts.overwrite) as staging:
         # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.
         scale_dtype = None if opts.format == "compressed-tensors" else torch.float16
-        model = quantize_model(model_path, recipe, samples, on_layer, scale_dtype=scale_dtype)
+        writer = CheckpointWriter(recipe, opts.format, model_path, staging, config.to_dict(),
+                                  stored_dtype(model_path), opts.max_shard_bytes)
+        summary = quantize_model(model_path, recipe, samples, writer.add, on_layer, scale_dtype=scale_dtype)
         provenance = {
             "kind": "quantkit-checkpoint", "format": opts.format,
             "model": {"ref": opts.model, "path": str(model_path)},
             "recipe": recipe.name, "calibration": calib_info,
             "versions": {"quantkit": __version__, "torch": torch.__version__, "python": platform.python_version()},
             "wall_seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb(), 1),
-            "layers": [r.__dict__ for r in model.reports],
+            "layers": [r.__dict__ for r in summary.reports],
         }
-        warnings = write_checkpoint(model, recipe, model_path, staging, provenance, opts.format)
-    return QuantizeResult(out=opts.out, provenance=provenance, reports=model.reports, warnings=warnings)
+        warnings = writer.finish(summary.ignored, provenance)
+    return QuantizeResult(out=opts.out, provenance=provenance, reports=summary.reports, warnings=warnings)
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:

@@ -18,6 +18,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import read_checkpoint
 from quantkit.formats.float_quantized import per_layer_kv_scales
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.memory import release_freed_memory
 from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear
 from quantkit.runtime.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -61,7 +62,7 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
         layer.self_attn.rotary = rotary
     model, kv_scales = model.to(device).eval(), _kv_scales(dense)
     del dense, quantized, tensors, state, converted
-    _release_freed_memory()
+    release_freed_memory()
     return model, kv_scales
 
 
@@ -114,19 +115,6 @@ def _quantized_linear(parts: list, bias: torch.Tensor | None, dtype: torch.dtype
 
 def _same_g_idx(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-
-
-def _release_freed_memory() -> None:
-    """Hand the checkpoint's freed load-time tensors back to the OS. glibc keeps freed heap pages, so without
-    this an INT4 model stays resident at roughly its unpacked size (measured: 1,248 -> 732 MiB for SmolLM2)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def _kv_scales(dense: dict[str, torch.Tensor]) -> dict[int, tuple[float, float]]:

@@ -1,13 +1,16 @@
 """`quantkit quantize --format autoawq|gptq`: the same weights as the compressed-tensors output, in the
-other layouts, read back by quantkit's readers; recipes a format cannot hold are refused up front."""
+other layouts, read back by quantkit's readers; recipes a format cannot hold are refused up front;
+checkpoints over the shard size come out sharded and read back the same."""
 
 import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import detect_format, read_checkpoint
+from quantkit.models import load_model
 from quantkit.quantize.run import QuantizeOptions, quantize
 
 
@@ -55,3 +58,27 @@ def test_autoawq_refuses_8_bit(tiny_model, tmp_path):
     run(tiny_model, str(recipe), tmp_path / "gptq8", "gptq")
     _, _, weights = read_checkpoint(tmp_path / "gptq8")
     assert {w.bits for w in weights.values()} == {8}
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "autoawq", "gptq"])
+def test_a_checkpoint_over_the_shard_size_is_sharded_and_reads_back_the_same(tiny_model, tmp_path, fmt):
+    whole = quantize(QuantizeOptions(model=str(tiny_model), recipe="rtn-w4a16-g64", out=tmp_path / "whole",
+                                     format=fmt))
+    quantize(QuantizeOptions(model=str(tiny_model), recipe="rtn-w4a16-g64", out=tmp_path / "sharded", format=fmt,
+                             max_shard_bytes=16 * 1024))
+    shards = sorted((tmp_path / "sharded").glob("*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert [p.name for p in (tmp_path / "whole").glob("*.safetensors")] == ["model.safetensors"]
+    config_whole, dense_whole, weights_whole = read_checkpoint(tmp_path / "whole")
+    config_sharded, dense_sharded, weights_sharded = read_checkpoint(tmp_path / "sharded")
+    assert config_sharded == config_whole and len(weights_sharded) == len(whole.reports) == 14
+    assert set(dense_sharded) == set(dense_whole) and all(torch.equal(dense_sharded[k], v) for k, v in dense_whole.items())
+    for name, weight in weights_whole.items():
+        assert torch.equal(weights_sharded[name].dequantize(), weight.dequantize()), name
+    if fmt == "compressed-tensors":  # a real consumer reads the index and every shard
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "sharded", dtype=torch.float32,
+                                                      quantization_config=CompressedTensorsConfig(dequantize=True))
+        tokens = torch.randint(3, 390, (2, 24))
+        with torch.no_grad():
+            torch.testing.assert_close(theirs(tokens).logits, load_model(tmp_path / "whole")(tokens).logits,
+                                       rtol=1e-4, atol=1e-4)

@@ -1,0 +1,26 @@
+"""`quantkit bench quantize-memory` on small random models: real quantize runs, one process per row."""
+
+import io
+
+import torch
+from rich.console import Console
+from transformers import AutoModelForCausalLM
+
+from quantkit.bench.quantize_memory import build_random_llama, run_bench
+
+
+def test_the_random_model_is_a_llama_transformers_loads(tmp_path):
+    path = build_random_llama(tmp_path / "m", layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert model.config.num_hidden_layers == 2 and model.model.layers[1].mlp.down_proj.weight.shape == (64, 128)
+    assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_rows_per_depth_with_checkpoint_sizes_and_peak_memory():
+    output = io.StringIO()
+    rows = run_bench([1, 3], hidden=64, intermediate=128, recipe="rtn-w4a16-g64", max_shard_mb=1, threads=1,
+                     console=Console(file=output, width=200))
+    assert [r["layers"] for r in rows] == [1, 3]
+    assert rows[1]["model_mb"] > rows[0]["model_mb"] and rows[1]["checkpoint_mb"] > rows[0]["checkpoint_mb"]
+    assert all(r["shards"] >= 2 and r["peak_rss_mb"] > 0 and r["above_floor_mb"] > 0 for r in rows)
+    assert "from 1 to 3 layers" in output.getvalue()
