@@ -26,7 +26,7 @@ from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
 from quantkit.quantize.staged import (STAGES, Rotary, StagedLayer, residual_token_weights, run_paired_stages,
-                                      run_stages, weight_tokens)
+                                      run_stages)
 from quantkit.recipes import Recipe
 
 
@@ -86,11 +86,14 @@ class StageData:
     reference_hessian: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, inputs: list[torch.Tensor], reference_inputs: list[torch.Tensor] | None) -> StageData:
+    def of(cls, inputs: list[torch.Tensor], reference_inputs: list[torch.Tensor] | None,
+           token_weights: list[torch.Tensor] | None = None) -> StageData:
+        """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None."""
         if reference_inputs is None:
-            return cls(gptq.input_hessian(inputs))
-        return cls(gptq.input_hessian(inputs), gptq.cross_covariance(reference_inputs, inputs),
-                   gptq.input_hessian(reference_inputs))
+            return cls(gptq.input_hessian(inputs, token_weights=token_weights))
+        return cls(gptq.input_hessian(inputs, token_weights=token_weights),
+                   gptq.cross_covariance(reference_inputs, inputs, token_weights),
+                   gptq.input_hessian(reference_inputs, token_weights=token_weights))
 
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
@@ -118,12 +121,10 @@ class GPTQDriver(Driver):
             targets = self.targets(names)
             if not targets:
                 return
+            weights = None
             if options.residual_weighted and residual is not None:
                 weights = residual_token_weights(staged.linear(names[0]), inputs, residual)
-                inputs = weight_tokens(inputs, weights)
-                if reference_inputs is not None:
-                    reference_inputs = weight_tokens(reference_inputs, weights)
-            data = StageData.of(inputs, reference_inputs)
+            data = StageData.of(inputs, reference_inputs, weights)
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
@@ -169,9 +170,7 @@ class GPTQDriver(Driver):
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
-            weights = [w[head] for w in received]
-            data = StageData.of(weight_tokens(inputs, weights),
-                                None if reference_inputs is None else weight_tokens(reference_inputs, weights))
+            data = StageData.of(inputs, reference_inputs, [w[head] for w in received])
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)

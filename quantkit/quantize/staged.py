@@ -187,8 +187,3 @@ def residual_token_weights(linear: nn.Module, inputs: list[torch.Tensor],
     massive activations (an attention sink) otherwise dominates these layers' Hessians although its
     errors are invisible after the norm."""
     return [1.0 / (r + linear(x)).pow(2).mean(dim=-1).clamp(min=1e-12) for x, r in zip(inputs, residual)]
-
-
-def weight_tokens(inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Rows scaled by sqrt(weight), so each token's x x^T counts `weight` times in a Hessian."""
-    return [x * w.sqrt()[:, None] for x, w in zip(inputs, weights)]

@@ -12,6 +12,14 @@ def test_hessian_is_the_sum_of_outer_products():
     assert torch.equal(input_hessian([x[:1], x[1:]]), torch.tensor([[10.0, -1.0], [-1.0, 5.0]]))
 
 
+def test_token_weights_count_each_token_that_many_times_in_the_hessian_and_the_cross_product():
+    x, x_ref = torch.randn(9, 5), torch.randn(9, 5)
+    w = torch.rand(9) * 3
+    torch.testing.assert_close(input_hessian([x[:4], x[4:]], token_weights=[w[:4], w[4:]]), x.T @ torch.diag(w) @ x)
+    torch.testing.assert_close(cross_covariance([x_ref[:4], x_ref[4:]], [x[:4], x[4:]], [w[:4], w[4:]]),
+                               x_ref.T @ torch.diag(w) @ x)
+
+
 def test_blocked_hessian_equals_the_full_product():
     xs = [torch.randn(40, 70), torch.randn(13, 70)]
     full = sum(x.T @ x for x in xs)

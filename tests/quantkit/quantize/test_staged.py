@@ -1,8 +1,8 @@
 import torch
 
+from quantkit.algorithms.gptq import input_hessian
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.quantize.staged import (STAGES, StagedLayer, residual_token_weights, run_paired_stages, run_stages,
-                                      weight_tokens)
+from quantkit.quantize.staged import STAGES, StagedLayer, residual_token_weights, run_paired_stages, run_stages
 
 
 def test_staged_layer_equals_the_transformers_layer(tiny_model):
@@ -126,5 +126,4 @@ def test_residual_token_weights_are_one_over_the_mean_square_of_the_stream_after
     # stream after the addition: [2, 2] -> mean square 4; [100, 0] -> 5000 (a massive token weighs little)
     (weights,) = residual_token_weights(linear, [x], [residual])
     torch.testing.assert_close(weights, torch.tensor([1 / 4, 1 / 5000]))
-    (weighted,) = weight_tokens([x], [weights])
-    torch.testing.assert_close(weighted.T @ weighted, x.T @ torch.diag(weights) @ x)
+    torch.testing.assert_close(input_hessian([x], token_weights=[weights]), x.T @ torch.diag(weights) @ x)
