@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.algorithms import native as native_loops
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize, grid_params, quantize_to_grid
 
 N_GRID = 20
@@ -79,12 +80,26 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSchem
     the one with the least error in that group's partial output. With ``independent`` (asymmetric
     grids only) the group's [min, max] is also tried with its two ends shrunk by separate steps
     (steps^2 more candidates): a group whose outlier sits on one side can trim that side alone. The
-    symmetric candidates stay in, so no group's error grows. Returns the clipped weight."""
-    w = weight.float()
-    out_features, in_features = w.shape
-    groups, width = scheme.groups(in_features), scheme.width(in_features)
-    grouped = w.reshape(out_features, groups, width)
-    blocks = torch.stack([hessian[g * width:(g + 1) * width, g * width:(g + 1) * width] for g in range(groups)])
+    symmetric candidates stay in, so no group's error grows. Returns the clipped weight.
+
+    Runs natively where the kernel builds (4-6x faster; the same candidates and rounding, errors summed
+    in another order), else search_clip_torch."""
+    native = native_loops.module() if scheme.scale_dtype in native_loops.SCALE_DTYPES else None
+    if native is None:
+        return search_clip_torch(weight, hessian, scheme, steps, n_grid, independent)
+    grouped, blocks = _groups_and_blocks(weight, hessian, scheme)
+    factors = torch.tensor([1 - i / n_grid for i in range(steps)], dtype=torch.float32)
+    low, high = native.clip_search(grouped.contiguous(), blocks.contiguous(), factors,
+                                   independent and not scheme.symmetric, scheme.bits, scheme.symmetric,
+                                   native_loops.SCALE_DTYPES[scheme.scale_dtype])
+    return torch.maximum(torch.minimum(grouped, high[..., None]), low[..., None]).reshape(weight.shape).to(weight.dtype)
+
+
+def search_clip_torch(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightScheme,
+                      steps: int = CLIP_STEPS, n_grid: int = N_GRID, independent: bool = False) -> torch.Tensor:
+    """The torch form of search_clip: each candidate range for every (row, group) at once."""
+    grouped, blocks = _groups_and_blocks(weight, hessian, scheme)
+    out_features, groups, width = grouped.shape
     absmax = grouped.abs().amax(dim=2, keepdim=True)
     ranges = [(-absmax * (1 - i / n_grid), absmax * (1 - i / n_grid)) for i in range(steps)]
     if independent and not scheme.symmetric:
@@ -104,7 +119,16 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSchem
         best_loss = torch.where(better, loss, best_loss)
         best_low = torch.where(better[..., None], low, best_low)
         best_high = torch.where(better[..., None], high, best_high)
-    return torch.maximum(torch.minimum(grouped, best_high), best_low).reshape(out_features, in_features).to(weight.dtype)
+    return torch.maximum(torch.minimum(grouped, best_high), best_low).reshape(weight.shape).to(weight.dtype)
+
+
+def _groups_and_blocks(weight: torch.Tensor, hessian: torch.Tensor,
+                       scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight as [out, groups, width] float32, and H's diagonal block of each group [groups, width, width]."""
+    out_features, in_features = weight.shape
+    groups, width = scheme.groups(in_features), scheme.width(in_features)
+    blocks = torch.stack([hessian[g * width:(g + 1) * width, g * width:(g + 1) * width] for g in range(groups)])
+    return weight.float().reshape(out_features, groups, width), blocks.float()
 
 
 def scale_hessian(hessian: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

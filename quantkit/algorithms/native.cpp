@@ -1,12 +1,14 @@
-// GPTQ's two hot loops on CPU, row by row with each row's data in L1 (torch's forms make ~10 passes over
-// memory per column or candidate):
-// - quantize_columns: quantize a run of columns of one block, each column's rounding error spread over the
-//   block's later columns through the inverse Hessian factor. Sequential in columns, independent across rows.
-// - mse_grid: each row's best shrunken range (rtn.mse_grid_params): every candidate's grid, codes and
+// The quantization algorithms' hot loops on CPU, row by row with each row's data in L1 (torch's forms make
+// ~10 passes over memory per column or candidate):
+// - quantize_columns (GPTQ): quantize a run of columns of one block, each column's rounding error spread over
+//   the block's later columns through the inverse Hessian factor. Sequential in columns, independent across rows.
+// - mse_grid (GPTQ): each row's best shrunken range (rtn.mse_grid_params): every candidate's grid, codes and
 //   weighted squared error.
+// - clip_search (AWQ): each (row, group)'s best clipping range (awq.search_clip): every candidate's clipped
+//   group, grid, codes and error in the group's partial output.
 // Built without -ffast-math and with FMA contraction off, so every operation rounds as torch's float32 ops
-// do: quantize_columns equals the torch loop bit for bit; mse_grid's errors differ from torch's only in
-// summation order.
+// do: quantize_columns equals the torch loop bit for bit; mse_grid's and clip_search's errors differ from
+// torch's only in summation order.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -149,9 +151,109 @@ std::vector<torch::Tensor> mse_grid(torch::Tensor w, torch::Tensor weights, torc
   return {scale, zero};
 }
 
+// The error a group's rounding leaves in its partial output, d^T B d, with B [width, width] row-major: y = B d
+// accumulated row by row (independent lanes, so it vectorizes without reassociating a sum), then d . y.
+// With the width known at compile time y stays in registers; otherwise every row's update goes through memory.
+template <int Width>
+inline float block_error_fixed(const float* __restrict__ d, const float* __restrict__ block) {
+  float y[Width] = {};
+  for (int i = 0; i < Width; ++i) {
+    const float di = d[i];
+    const float* __restrict__ b = block + i * Width;
+    for (int j = 0; j < Width; ++j) y[j] = std::fma(di, b[j], y[j]);
+  }
+  float error = 0.0f;
+  for (int j = 0; j < Width; ++j) error += d[j] * y[j];
+  return error;
+}
+
+inline float block_error(const float* __restrict__ d, const float* __restrict__ block, int64_t width,
+                         float* __restrict__ y) {
+  if (width == 32) return block_error_fixed<32>(d, block);
+  if (width == 64) return block_error_fixed<64>(d, block);
+  std::fill(y, y + width, 0.0f);
+  for (int64_t i = 0; i < width; ++i) {
+    const float di = d[i];
+    const float* __restrict__ b = block + i * width;
+    for (int64_t j = 0; j < width; ++j) y[j] = std::fma(di, b[j], y[j]);
+  }
+  float error = 0.0f;
+  for (int64_t j = 0; j < width; ++j) error += d[j] * y[j];
+  return error;
+}
+
+// w [rows, groups, width] float32; blocks [groups, width, width] float32 (H's diagonal blocks); factors
+// [steps] float32, 1.0 first. Candidates, in awq.search_clip's order: [-absmax f, absmax f] for each f, then
+// with `independent` [min f_i, max f_j] for every (i, j) (min clamped to <= 0, max to >= 0). Each clips the
+// group, rounds it on the clipped values' grid and scores d^T B d with d = w - rounded; the first of equal
+// errors wins. Returns (low, high) [rows, groups] of the winners. scale_dtype: 0 float32, 1 float16, 2 bfloat16.
+std::vector<torch::Tensor> clip_search(torch::Tensor w, torch::Tensor blocks, torch::Tensor factors,
+                                       bool independent, int64_t bits, bool symmetric, int64_t scale_dtype) {
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
+              "w must be a contiguous float32 [rows, groups, width]");
+  const int64_t rows = w.size(0), groups = w.size(1), width = w.size(2), steps = factors.numel();
+  TORCH_CHECK(blocks.sizes() == torch::IntArrayRef({groups, width, width}) &&
+                  blocks.scalar_type() == torch::kFloat32 && blocks.is_contiguous(),
+              "blocks must be a contiguous float32 [groups, width, width]");
+  TORCH_CHECK(factors.scalar_type() == torch::kFloat32 && factors.is_contiguous() && steps > 0,
+              "factors must be float32");
+  TORCH_CHECK(0 <= scale_dtype && scale_dtype <= 2 && 1 <= bits && bits <= 8, "bad scale dtype or bits");
+  auto best_low = torch::empty({rows, groups}, w.options()), best_high = torch::empty({rows, groups}, w.options());
+  const float* x = w.data_ptr<float>();
+  const float* h = blocks.data_ptr<float>();
+  const float* f = factors.data_ptr<float>();
+  float* out_low = best_low.data_ptr<float>();
+  float* out_high = best_high.data_ptr<float>();
+  const float max_q = static_cast<float>((1 << bits) - 1);
+  at::parallel_for(0, rows * groups, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> d(width), y(width);
+    for (int64_t item = begin; item < end; ++item) {
+      const float* values = x + item * width;
+      const float* block = h + (item % groups) * width * width;
+      float absmax = 0.0f, min_value = 0.0f, max_value = 0.0f;
+      for (int64_t c = 0; c < width; ++c) {
+        absmax = std::max(absmax, std::fabs(values[c]));
+        min_value = std::min(min_value, values[c]);
+        max_value = std::max(max_value, values[c]);
+      }
+      float best = std::numeric_limits<float>::infinity();
+      auto score = [&](float low, float high) {
+        float lo = 0.0f, hi = 0.0f;  // the clipped group's range, as rtn.grid_params takes it
+        for (int64_t c = 0; c < width; ++c) {
+          const float clipped = std::max(std::min(values[c], high), low);
+          lo = std::min(lo, clipped);
+          hi = std::max(hi, clipped);
+        }
+        float step, offset;
+        if (scale_dtype == 2) grid<c10::BFloat16>(lo, hi, bits, symmetric, &step, &offset);
+        else if (scale_dtype == 1) grid<c10::Half>(lo, hi, bits, symmetric, &step, &offset);
+        else grid<float>(lo, hi, bits, symmetric, &step, &offset);
+        for (int64_t c = 0; c < width; ++c) {
+          const float clipped = std::max(std::min(values[c], high), low);
+          d[c] = values[c] - (grid_code(clipped, step, offset, max_q) - offset) * step;
+        }
+        const float error = block_error(d.data(), block, width, y.data());
+        if (error < best) {
+          best = error;
+          out_low[item] = low;
+          out_high[item] = high;
+        }
+      };
+      out_low[item] = -absmax * f[0];
+      out_high[item] = absmax * f[0];
+      for (int64_t i = 0; i < steps; ++i) score(-absmax * f[i], absmax * f[i]);
+      if (independent)
+        for (int64_t i = 0; i < steps; ++i)
+          for (int64_t j = 0; j < steps; ++j) score(min_value * f[i], max_value * f[j]);
+    }
+  });
+  return {best_low, best_high};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_columns", &quantize_columns, "GPTQ's column loop over columns first..last-1 of a block");
   m.def("mse_grid", &mse_grid, "each row's (scale, zero) of the shrunken range with the least squared error");
+  m.def("clip_search", &clip_search, "each (row, group)'s clipping range with the least partial-output error");
 }

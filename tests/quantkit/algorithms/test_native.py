@@ -1,9 +1,10 @@
-"""The native loops (quantkit/algorithms/native.cpp) against their torch forms: equal results, bit for bit."""
+"""The native loops (quantkit/algorithms/native.cpp) against their torch forms: equal results, bit for bit
+(AWQ's clip search: equal up to the summation order of its errors)."""
 
 import pytest
 import torch
 
-from quantkit.algorithms import gptq, native, rtn
+from quantkit.algorithms import awq, gptq, native, rtn
 from quantkit.algorithms.rtn import WeightScheme
 
 pytestmark = pytest.mark.skipif(native.module() is None, reason="the native loops do not build here")
@@ -67,6 +68,32 @@ def test_mse_grid_equals_the_torch_search(symmetric, scale_dtype, weights):
     assert torch.equal(scale, scale_torch) and torch.equal(zero, zero_torch)
     shrunk = scale < rtn.grid_params(w, scheme)[0]
     assert 0 < int(shrunk.sum()) < len(w)  # some rows' ranges were shrunk, not all
+
+
+@pytest.mark.parametrize("symmetric, independent", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("group_size, scale_dtype", [(64, torch.bfloat16), (32, torch.float16), (16, torch.float32)])
+def test_clip_search_equals_the_torch_search(symmetric, independent, group_size, scale_dtype):
+    """The same candidates, grids and codes; the errors are summed in another order, so a near-tie may
+    pick another range, never a worse one (beyond float rounding). 16 runs the kernel's general width."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(96, 4 * group_size, generator=g)
+    w[:, 5] *= 8.0  # outliers that stretch their groups' ranges
+    w[3] = 0.0  # an all-zero row
+    x = torch.randn(512, 4 * group_size, generator=g) * torch.rand(4 * group_size, generator=g) * 3
+    h = x.T @ x
+    scheme = WeightScheme(4, group_size, symmetric, scale_dtype)
+    ours = awq.search_clip(w, h, scheme, independent=independent)
+    theirs = awq.search_clip_torch(w, h, scheme, independent=independent)
+
+    def group_errors(clipped):
+        grouped, blocks = awq._groups_and_blocks(w, h, scheme)
+        diff = grouped - rtn.fake_quantize(clipped, scheme).view(grouped.shape)
+        return torch.einsum("ogi,gij,ogj->og", diff, blocks, diff)
+
+    same = (ours == theirs).view(96, 4, group_size).all(dim=-1)
+    assert same.float().mean() > 0.99
+    assert (group_errors(ours) <= group_errors(theirs) * (1 + 1e-5) + 1e-6).all()
+    assert not torch.equal(ours, w)  # some groups were clipped
 
 
 @pytest.mark.parametrize("act_order, mse, group_size", [(False, False, 64), (False, True, 32), (True, True, 64),
