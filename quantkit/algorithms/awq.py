@@ -19,6 +19,7 @@ from quantkit.algorithms.rtn import WeightScheme, fake_quantize, grid_params, qu
 
 N_GRID = 20
 CLIP_STEPS = 10  # shrink the range by up to 50% in steps of 5%
+NATIVE_CLIP_WIDTHS = (16, 32, 64, 128)  # group widths native.cpp's clip_search is compiled for
 
 
 @dataclass
@@ -85,7 +86,7 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSchem
     Runs natively where the kernel builds (4-6x faster; the same candidates and rounding, errors summed
     in another order), else search_clip_torch."""
     native = native_loops.module() if scheme.scale_dtype in native_loops.SCALE_DTYPES else None
-    if native is None:
+    if native is None or scheme.width(weight.shape[1]) not in NATIVE_CLIP_WIDTHS:
         return search_clip_torch(weight, hessian, scheme, steps, n_grid, independent)
     grouped, blocks = _groups_and_blocks(weight, hessian, scheme)
     factors = torch.tensor([1 - i / n_grid for i in range(steps)], dtype=torch.float32)
