@@ -84,6 +84,7 @@ def run_bench(depths: list[int], hidden: int, intermediate: int, recipe: str, ma
                    "RSS above floor MB"):
         table.add_column(column)
     for row in rows:
+        row["import_floor_mb"] = floor["peak_rss_mb"]
         row["above_floor_mb"] = round(row["peak_rss_mb"] - floor["peak_rss_mb"], 1)
         table.add_row(str(row["layers"]), f"{row['model_mb']:.0f}", f"{row['checkpoint_mb']:.0f}", str(row["shards"]),
                       f"{row['wall_s']:.1f}", f"{row['peak_rss_mb']:.0f}", f"{row['above_floor_mb']:.0f}")

@@ -22,5 +22,8 @@ def test_rows_per_depth_with_checkpoint_sizes_and_peak_memory():
                      console=Console(file=output, width=200))
     assert [r["layers"] for r in rows] == [1, 3]
     assert rows[1]["model_mb"] > rows[0]["model_mb"] and rows[1]["checkpoint_mb"] > rows[0]["checkpoint_mb"]
-    assert all(r["shards"] >= 2 and r["peak_rss_mb"] > 0 and r["above_floor_mb"] > 0 for r in rows)
+    # 1 MB shards: the 4 MB embedding and lm_head each get their own shard
+    assert all(r["shards"] >= 3 and r["peak_rss_mb"] > 0 for r in rows), rows
+    # torch + transformers alone; a tiny model's run may peak near that floor, so no more is asserted of it
+    assert all(r["import_floor_mb"] > 100 for r in rows)
     assert "from 1 to 3 layers" in output.getvalue()
