@@ -82,3 +82,10 @@ def test_a_checkpoint_over_the_shard_size_is_sharded_and_reads_back_the_same(tin
         with torch.no_grad():
             torch.testing.assert_close(theirs(tokens).logits, load_model(tmp_path / "whole")(tokens).logits,
                                        rtol=1e-4, atol=1e-4)
+
+
+def test_a_shard_size_below_one_megabyte_is_refused(tiny_model, tmp_path, run_cli):
+    code, _, err = run_cli("quantize", "--model", tiny_model, "--recipe", "rtn-w4a16-g64", "--out", tmp_path / "o",
+                           "--max-shard-mb", "0")
+    assert code == 2 and "--max-shard-mb" in err
+    assert not (tmp_path / "o").exists()
