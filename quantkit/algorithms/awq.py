@@ -83,7 +83,7 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, scheme: WeightSchem
     (steps^2 more candidates): a group whose outlier sits on one side can trim that side alone. The
     symmetric candidates stay in, so no group's error grows. Returns the clipped weight.
 
-    Runs natively where the kernel builds (4-6x faster; the same candidates and rounding, errors summed
+    Runs natively where the kernel builds (2-3x faster; the same candidates and rounding, errors summed
     in another order), else search_clip_torch."""
     native = native_loops.module() if scheme.scale_dtype in native_loops.SCALE_DTYPES else None
     if native is None or scheme.width(weight.shape[1]) not in NATIVE_CLIP_WIDTHS:
