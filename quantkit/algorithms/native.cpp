@@ -93,6 +93,13 @@ void grid(float low, float high, int bits, bool symmetric, float* scale, float* 
   *zero = std::min(std::max(offset, 0.0f), max_q);
 }
 
+// grid() with the scale dtype picked at run time: 0 float32, 1 float16, 2 bfloat16.
+inline void grid_in(int64_t scale_dtype, float low, float high, int bits, bool symmetric, float* scale, float* zero) {
+  if (scale_dtype == 2) grid<c10::BFloat16>(low, high, bits, symmetric, scale, zero);
+  else if (scale_dtype == 1) grid<c10::Half>(low, high, bits, symmetric, scale, zero);
+  else grid<float>(low, high, bits, symmetric, scale, zero);
+}
+
 // w [rows, cols] float32; weights: [cols] or [rows, cols] float32 (or empty: unweighted); factors [candidates]
 // float32, 1.0 first. Returns (scale, zero) [rows] of each row's candidate with the least error (the first
 // of equal ones).
@@ -131,9 +138,7 @@ std::vector<torch::Tensor> mse_grid(torch::Tensor w, torch::Tensor weights, torc
       for (int64_t k = 0; k < count; ++k) {
         float step, offset;
         const float lo = low * f[k], hi = high * f[k];
-        if (scale_dtype == 2) grid<c10::BFloat16>(lo, hi, bits, symmetric, &step, &offset);
-        else if (scale_dtype == 1) grid<c10::Half>(lo, hi, bits, symmetric, &step, &offset);
-        else grid<float>(lo, hi, bits, symmetric, &step, &offset);
+        grid_in(scale_dtype, lo, hi, bits, symmetric, &step, &offset);
         float error = 0.0f;
         for (int64_t c = 0; c < cols; ++c) {
           const float code = grid_code(row[c], step, offset, max_q);
@@ -225,9 +230,7 @@ std::vector<torch::Tensor> clip_search(torch::Tensor w, torch::Tensor blocks, to
           hi = std::max(hi, clipped);
         }
         float step, offset;
-        if (scale_dtype == 2) grid<c10::BFloat16>(lo, hi, bits, symmetric, &step, &offset);
-        else if (scale_dtype == 1) grid<c10::Half>(lo, hi, bits, symmetric, &step, &offset);
-        else grid<float>(lo, hi, bits, symmetric, &step, &offset);
+        grid_in(scale_dtype, lo, hi, bits, symmetric, &step, &offset);
         for (int64_t c = 0; c < width; ++c) {
           const float clipped = std::max(std::min(values[c], high), low);
           d[c] = values[c] - (grid_code(clipped, step, offset, max_q) - offset) * step;

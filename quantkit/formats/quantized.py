@@ -29,17 +29,19 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
+    @property
+    def group_width(self) -> int:
+        """Input columns per group: the whole row for group_size -1."""
+        return self.q.shape[1] if self.group_size == -1 else self.group_size
+
     def group_index(self) -> torch.Tensor:
         if self.g_idx is not None:
             return self.g_idx.long()
-        in_features = self.q.shape[1]
-        size = in_features if self.group_size == -1 else self.group_size
-        return torch.arange(in_features) // size
+        return torch.arange(self.q.shape[1]) // self.group_width
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         out_features, in_features = self.q.shape
-        groups = self.scale.shape[1]
-        width = in_features if self.group_size == -1 else self.group_size
+        groups, width = self.scale.shape[1], self.group_width
         if self.g_idx is None and groups * width == in_features:  # whole contiguous groups: no gather, ~25x faster
             q = self.q.float().view(out_features, groups, width)
             grouped = (q - self.zero.float()[..., None]) * self.scale.float()[..., None]

@@ -33,8 +33,6 @@ LayerSink = Callable[[dict[str, torch.Tensor], dict[str, QuantizedWeight | Fp8We
 @dataclass
 class QuantizeSummary:
     """What the pipeline learned besides the tensors, which went to the sink as they were made."""
-    config: dict  # the source config.json
-    dtype: torch.dtype  # what dense tensors and scales are stored in
     reports: list[LinearReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # decoder linears the recipe leaves dense
 
@@ -77,7 +75,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
         rotary = [model.position_embeddings(h[None]) for h in hidden]
     # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
     reference_hidden = hidden
-    summary = QuantizeSummary(config=config.to_dict(), dtype=dtype)
+    summary = QuantizeSummary()
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
