@@ -155,6 +155,9 @@ def quantize(
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
     max_shard_mb: int = typer.Option(1024, min=1, help="Largest safetensors file; bigger checkpoints are sharded "
                                                        "with an index. Also bounds what the writer holds in memory."),
+    offload_activations: Optional[Path] = typer.Option(
+        None, help="Keep calibration activations in files under this directory instead of in memory "
+                   "(for models whose activations outgrow RAM; removed afterwards)."),
 ) -> None:
     """Apply a recipe (RTN, AWQ or GPTQ INT4) layer by layer and write a checkpoint vLLM and transformers load."""
     from quantkit.quantize.run import QuantizeOptions
@@ -162,7 +165,8 @@ def quantize(
 
     opts = QuantizeOptions(model=model, recipe=recipe, out=out, calib=calib, dataset=dataset,
                            num_samples=num_samples, max_seq_len=max_seq_len, seed=seed, pack=pack, format=format,
-                           overwrite=overwrite, max_shard_bytes=max_shard_mb * 1024**2)
+                           overwrite=overwrite, max_shard_bytes=max_shard_mb * 1024**2,
+                           offload_dir=offload_activations)
     with _layer_progress("quantizing") as on_layer:
         result = run_quantize(opts, on_layer=on_layer)
     _print_quantize_summary(result)

@@ -57,14 +57,18 @@ def bench_quantize(
               list(recipe or DEFAULT_RECIPES), peers, console, keep)
 
 
-@bench_app.command("quantize-memory", epilog="Example: quantkit bench quantize-memory --layers 4,16,32")
+@bench_app.command("quantize-memory", epilog="Example: quantkit bench quantize-memory --layers 4,16,32; "
+                                              "quantkit bench quantize-memory --recipe gptq-w4a16-g64 --offload")
 def bench_quantize_memory(
     layers: str = typer.Option("4,16,32", help="Depths to quantize, comma-separated."),
     hidden: int = typer.Option(1024, help="Hidden size of the random Llama."),
     intermediate: int = typer.Option(2816, help="MLP size of the random Llama."),
-    recipe: str = typer.Option("rtn-w4a16-g64", help="A recipe that needs no calibration data."),
+    recipe: str = typer.Option("rtn-w4a16-g64", help="Recipe; one that calibrates runs on random token ids."),
     max_shard_mb: int = typer.Option(1024, min=1, help="The checkpoint writer's shard size."),
     threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
+    num_samples: int = typer.Option(32, min=1, help="Calibration samples, for a recipe that calibrates."),
+    max_seq_len: int = typer.Option(512, min=1, help="Tokens per calibration sample."),
+    offload: bool = typer.Option(False, help="Also run each depth with the activations offloaded to disk."),
 ) -> None:
     """Peak RSS of `quantkit quantize` on random models of growing depth: flat when layers stream to disk."""
     from quantkit.bench.quantize_memory import run_bench
@@ -73,7 +77,7 @@ def bench_quantize_memory(
         depths = [int(d) for d in layers.split(",")]
     except ValueError:
         raise typer.BadParameter(f"{layers!r} is not a comma-separated list of integers", param_hint="--layers")
-    run_bench(depths, hidden, intermediate, recipe, max_shard_mb, threads, console)
+    run_bench(depths, hidden, intermediate, recipe, max_shard_mb, threads, console, num_samples, max_seq_len, offload)
 
 
 @bench_app.command("kv-cache", epilog="Example: quantkit bench kv-cache ckpt/ --threads 1")

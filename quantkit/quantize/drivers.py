@@ -25,8 +25,8 @@ import torch
 from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
-from quantkit.quantize.staged import (STAGES, Rotary, StagedLayer, residual_token_weights, run_paired_stages,
-                                      run_stages)
+from quantkit.quantize.staged import (STAGES, Activations, Keep, Rotary, StagedLayer, gather_tokens,
+                                      residual_token_weights, run_paired_stages, run_stages, sample_lengths)
 from quantkit.recipes import Recipe
 
 
@@ -41,8 +41,8 @@ class LinearReport:
 
 @dataclass
 class LayerResult:
-    outputs: list[torch.Tensor] | None
-    reference_outputs: list[torch.Tensor] | None = None  # the full-precision layer's, when a driver ran it
+    outputs: Activations | None
+    reference_outputs: Activations | None = None  # the full-precision layer's, when a driver ran it
     quantized: dict[str, QuantizedWeight | Fp8Weight] = field(default_factory=dict)  # name within the layer
     reports: list[LinearReport] = field(default_factory=list)
 
@@ -56,8 +56,9 @@ def relative_errors(original: torch.Tensor, hessian: torch.Tensor, scheme,
 
 
 class Driver:
-    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16):
-        self.recipe, self.prefix, self.scale_dtype = recipe, prefix, scale_dtype
+    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
+        """keep: how the layer's stages hold their per-sample activations (in memory, or on disk)."""
+        self.recipe, self.prefix, self.scale_dtype, self.keep = recipe, prefix, scale_dtype, keep
         self.scheme = recipe.weights.scheme(scale_dtype)
 
     def targets(self, names: tuple[str, ...]) -> list[str]:
@@ -86,7 +87,7 @@ class StageData:
     reference_hessian: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, inputs: list[torch.Tensor], reference_inputs: list[torch.Tensor] | None,
+    def of(cls, inputs: Activations, reference_inputs: Activations | None,
            token_weights: list[torch.Tensor] | None = None) -> StageData:
         """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None."""
         if reference_inputs is None:
@@ -107,23 +108,23 @@ class StageData:
 
 
 class GPTQDriver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
-                       reference_hidden: list[torch.Tensor] | None = None) -> LayerResult:
+    def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
+                       reference_hidden: Activations | None = None) -> LayerResult:
         """With ``fp_targets`` and the full-precision model's hidden states, each linear fits (partly) the
         full-precision output from the quantized model's input; the untouched layer's outputs come back
         as ``reference_outputs`` for the next layer."""
         options = self.recipe.quantization
         result = LayerResult(outputs=None)
 
-        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor],
-                           reference_inputs: list[torch.Tensor] | None = None,
-                           residual: list[torch.Tensor] | None = None) -> None:
+        def quantize_stage(names: tuple[str, ...], inputs: Activations,
+                           reference_inputs: Activations | None = None,
+                           residual: Activations | None = None) -> None:
             targets = self.targets(names)
             if not targets:
                 return
             weights = None
             if options.residual_weighted and residual is not None:
-                weights = residual_token_weights(staged.linear(names[0]), inputs, residual)
+                weights = residual_token_weights(residual, sample_lengths(rotary))
             data = StageData.of(inputs, reference_inputs, weights)
             for name in targets:
                 linear = staged.linear(name)
@@ -140,12 +141,13 @@ class GPTQDriver(Driver):
 
         if options.fp_targets > 0 and reference_hidden is not None:
             reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
-                                    staged.head_dim)
+                                    staged.head_dim, reuse_rotated=staged.reuse_rotated)
             result.outputs, result.reference_outputs = run_paired_stages(
-                staged, reference, hidden, reference_hidden, rotary, quantize_stage)
+                staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep)
         else:
             result.outputs = run_stages(staged, hidden, rotary,
-                                        lambda names, inputs, residual: quantize_stage(names, inputs, None, residual))
+                                        lambda names, inputs, residual: quantize_stage(names, inputs, None, residual),
+                                        self.keep)
         return result
 
     def _quantize(self, weight: torch.Tensor, data: StageData) -> tuple[QuantizedWeight, str]:
@@ -161,16 +163,18 @@ class GPTQDriver(Driver):
             f"damp raised to {done.damp}" if done.damp != options.dampening else "")
         return done.weight, note
 
-    def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: list[torch.Tensor],
-                         reference_inputs: list[torch.Tensor] | None,
+    def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: Activations,
+                         reference_inputs: Activations | None,
                          rotary: list[Rotary]) -> tuple[QuantizedWeight, str]:
         """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
         a plain Hessian counts an attention-sink token once, although most queries read its value."""
-        received = [staged.attention_received(x, r) for x, r in zip(inputs, rotary)]
+        lengths = sample_lengths(rotary)
+        received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
+                                 staged.num_kv_heads)
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
-            data = StageData.of(inputs, reference_inputs, [w[head] for w in received])
+            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)))
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)
@@ -178,17 +182,17 @@ class GPTQDriver(Driver):
 
 
 class AWQDriver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor], rotary: list[Rotary],
+    def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden=None) -> LayerResult:
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def observe(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
+        def observe(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
             tokens = sum(x.shape[0] for x in inputs)
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
             observed[names] = (gptq.input_hessian(inputs), x_mean)
 
-        result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe))
+        result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
         col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
         row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
@@ -243,12 +247,12 @@ class AWQDriver(Driver):
 
 
 class FP8Driver(Driver):
-    def quantize_layer(self, staged: StagedLayer, hidden: list[torch.Tensor] | None = None,
+    def quantize_layer(self, staged: StagedLayer, hidden: Activations | None = None,
                        rotary: list[Rotary] | None = None, reference_hidden=None) -> LayerResult:
         static = self.recipe.quantization.activations == "static"
         result = LayerResult(outputs=None)
 
-        def quantize_stage(names: tuple[str, ...], inputs: list[torch.Tensor], residual=None) -> None:
+        def quantize_stage(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
             absmax = max(float(x.abs().max()) for x in inputs) if inputs else None
             hessian = gptq.input_hessian(inputs) if inputs else None
             for name in self.targets(names):
@@ -268,7 +272,7 @@ class FP8Driver(Driver):
             for names in STAGES:
                 quantize_stage(names, [])
         else:
-            result.outputs = run_stages(staged, hidden, rotary, quantize_stage)
+            result.outputs = run_stages(staged, hidden, rotary, quantize_stage, self.keep)
         return result
 
 

@@ -21,6 +21,7 @@ from quantkit.algorithms import fp8
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 from quantkit.memory import release_freed_memory
 from quantkit.models import describe_model, head_dim, stored_dtype
+from quantkit.quantize.activations import ActivationStore, InMemory
 from quantkit.quantize.drivers import DRIVERS, LinearReport
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
@@ -55,11 +56,13 @@ def check_group_size(model_path: Path, recipe: Recipe) -> None:
 
 
 def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | None, sink: LayerSink,
-                   on_layer: LayerCallback | None = None, scale_dtype: torch.dtype | None = None) -> QuantizeSummary:
+                   on_layer: LayerCallback | None = None, scale_dtype: torch.dtype | None = None,
+                   activations: ActivationStore | None = None) -> QuantizeSummary:
     """Quantize layer by layer, giving ``sink`` each layer's tensors (with its KV-cache scales
     "model.layers.N.self_attn.k_scale" / "v_scale" when the recipe has a kv_cache_scheme), then the
     embedding, final norm and lm_head. scale_dtype: what the checkpoint stores scales in (default: the
-    model dtype)."""
+    model dtype). activations: where the calibration activations are kept (default: in memory)."""
+    activations = activations or InMemory()
     model = LayerwiseModel(model_path)
     config = model.config
     # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
@@ -71,23 +74,24 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
                             hint="pass --calib DIR or --dataset SET")
     hidden = rotary = None
     if recipe.needs_calibration:
-        hidden = [h[0] for h in model.embed(samples)]
-        rotary = [model.position_embeddings(h[None]) for h in hidden]
+        hidden = activations.keep(h[0] for h in model.embed(samples))
+        rotary = _rotary_by_sample(model, samples, hidden[0].dtype)
     # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
     reference_hidden = hidden
     summary = QuantizeSummary()
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
-            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config))
-            driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype)
+            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
+                                 reuse_rotated=not activations.offloaded)
+            driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
             done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:
                 _load_quantized(staged, done.quantized)
                 dense.update(_kv_scales(staged, prefix, hidden, rotary))
                 if done.outputs is None:  # a driver without data: the next layer still needs inputs
-                    done.outputs = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
+                    done.outputs = activations.keep(staged.forward(h, r) for h, r in zip(hidden, rotary))
             hidden = done.outputs
             reference_hidden = done.reference_outputs if done.reference_outputs is not None else hidden
             for name, tensor in layer.state_dict().items():
@@ -104,6 +108,16 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             on_layer(index + 1, model.num_layers)
     sink(_outside_layers(model), {})
     return summary
+
+
+def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]],
+                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sample's rotary cos/sin. They depend on positions only, so samples of one length share them."""
+    by_length = {}
+    for ids in samples:
+        if len(ids) not in by_length:
+            by_length[len(ids)] = model.position_embeddings(torch.zeros(1, len(ids), 1, dtype=dtype))
+    return [by_length[len(ids)] for ids in samples]
 
 
 def _load_quantized(staged: StagedLayer, quantized: dict[str, QuantizedWeight | Fp8Weight]) -> None:

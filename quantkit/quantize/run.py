@@ -18,6 +18,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.common import DEFAULT_MAX_SHARD_BYTES
 from quantkit.models import load_config, load_tokenizer, resolve_model, stored_dtype
 from quantkit.outdir import atomic_output_dir, check_output_dir
+from quantkit.quantize.activations import activation_store, check_offload_dir
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
@@ -38,6 +39,7 @@ class QuantizeOptions:
     format: str = "compressed-tensors"
     overwrite: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    offload_dir: Path | None = None  # keep calibration activations in files here instead of memory
 
 
 @dataclass
@@ -55,18 +57,20 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     recipe = load_recipe(opts.recipe)
     check_format(recipe, opts.format)
     check_output_dir(opts.out, opts.overwrite)
+    check_offload_dir(opts.offload_dir)
     model_path = resolve_model(opts.model)
     config = load_config(model_path)  # refuses unsupported architectures before any work
     check_group_size(model_path, recipe)
     samples, calib_info = None, None
     if recipe.needs_calibration:
         samples, calib_info = _calibration_samples(opts, model_path)
-    with atomic_output_dir(opts.out, opts.overwrite) as staging:
+    with atomic_output_dir(opts.out, opts.overwrite) as staging, activation_store(opts.offload_dir) as activations:
         # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.
         scale_dtype = None if opts.format == "compressed-tensors" else torch.float16
         writer = CheckpointWriter(recipe, opts.format, model_path, staging, config.to_dict(),
                                   stored_dtype(model_path), opts.max_shard_bytes)
-        summary = quantize_model(model_path, recipe, samples, writer.add, on_layer, scale_dtype=scale_dtype)
+        summary = quantize_model(model_path, recipe, samples, writer.add, on_layer, scale_dtype=scale_dtype,
+                                 activations=activations)
         provenance = {
             "kind": "quantkit-checkpoint", "format": opts.format,
             "model": {"ref": opts.model, "path": str(model_path)},

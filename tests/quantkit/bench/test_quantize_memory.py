@@ -27,3 +27,14 @@ def test_rows_per_depth_with_checkpoint_sizes_and_peak_memory():
     # torch + transformers alone; a tiny model's run may peak near that floor, so no more is asserted of it
     assert all(r["import_floor_mb"] > 100 for r in rows)
     assert "from 1 to 3 layers" in output.getvalue()
+
+
+def test_a_calibrating_recipe_runs_each_depth_in_memory_and_offloaded():
+    output = io.StringIO()
+    rows = run_bench([2], hidden=64, intermediate=128, recipe="gptq-w4a16-g64", max_shard_mb=64, threads=1,
+                     console=Console(file=output, width=250), num_samples=4, max_seq_len=32, offload=True)
+    assert [(r["layers"], r["activations"]) for r in rows] == [(2, "memory"), (2, "disk")]
+    # the same model and recipe give the same checkpoint wherever the activations were kept
+    assert rows[0]["checkpoint_mb"] == rows[1]["checkpoint_mb"] > 0
+    assert "2 layers, activations on disk: peak RSS" in output.getvalue()
+    assert "4 x 32 random tokens" in output.getvalue()

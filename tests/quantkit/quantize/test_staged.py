@@ -1,8 +1,10 @@
+import pytest
 import torch
 
 from quantkit.algorithms.gptq import input_hessian
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.quantize.staged import STAGES, StagedLayer, residual_token_weights, run_paired_stages, run_stages
+from quantkit.quantize.staged import (STAGES, StagedLayer, gather_tokens, residual_token_weights, run_paired_stages,
+                                      run_stages)
 
 
 def test_staged_layer_equals_the_transformers_layer(tiny_model):
@@ -118,12 +120,19 @@ def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
     assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(ours, original))
 
 
-def test_residual_token_weights_are_one_over_the_mean_square_of_the_stream_after_the_addition():
-    linear = torch.nn.Linear(3, 2, bias=False)
-    linear.weight.data = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+def test_residual_token_weights_are_one_over_the_mean_square_of_the_stream():
+    residual = [torch.tensor([[2.0, 2.0], [100.0, 0.0]]), torch.tensor([[0.0, 3.0]])]
+    # mean squares 4, 5000 (a massive token weighs little) and 4.5, one sample after another
+    weights = residual_token_weights(residual, [2, 1])
+    torch.testing.assert_close(weights[0], torch.tensor([1 / 4, 1 / 5000]))
+    torch.testing.assert_close(weights[1], torch.tensor([1 / 4.5]))
     x = torch.tensor([[1.0, 2.0, 5.0], [0.0, 0.0, 1.0]])
-    residual = torch.tensor([[1.0, 0.0], [100.0, 0.0]])
-    # stream after the addition: [2, 2] -> mean square 4; [100, 0] -> 5000 (a massive token weighs little)
-    (weights,) = residual_token_weights(linear, [x], [residual])
-    torch.testing.assert_close(weights, torch.tensor([1 / 4, 1 / 5000]))
-    torch.testing.assert_close(input_hessian([x], token_weights=[weights]), x.T @ torch.diag(weights) @ x)
+    torch.testing.assert_close(input_hessian([x], token_weights=weights[:1]), x.T @ torch.diag(weights[0]) @ x)
+
+
+def test_gather_tokens_lays_samples_side_by_side_and_checks_their_count():
+    per_sample = [torch.arange(6.0).view(2, 3), torch.tensor([[7.0], [8.0]])]
+    torch.testing.assert_close(gather_tokens(iter(per_sample), [3, 1], rows=2),
+                               torch.tensor([[0.0, 1.0, 2.0, 7.0], [3.0, 4.0, 5.0, 8.0]]))
+    with pytest.raises(ValueError):
+        gather_tokens(iter(per_sample), [3, 1, 2], rows=2)

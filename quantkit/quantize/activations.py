@@ -1,0 +1,117 @@
+"""Where the calibration activations live: in memory, or in files on disk.
+
+The pipeline keeps one [tokens, width] tensor per sample at every stage of a layer (its inputs, the
+attention output, the MLP's wide gated activations, the layer's outputs). For a large model, or many long
+samples, those outgrow RAM long before one layer's weights do: Llama-3-8B at 128 x 2048 tokens holds
+15 GB of gated activations in float32. `OnDisk` writes each sequence to a file as it is made and reads a
+sample back only when it is indexed, so the resident part is the samples in use; the OS page cache
+keeps the files while RAM allows and drops them first when it does not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from quantkit.errors import QuantkitError
+
+
+class ActivationStore(Protocol):
+    offloaded: bool
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Consume the tensors one at a time and return them as an indexable sequence."""
+
+
+class InMemory:
+    offloaded = False
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        return list(tensors)
+
+
+class OnDisk:
+    """Each kept sequence becomes one file in ``directory``, deleted when the sequence is dropped."""
+    offloaded = True
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._files = 0
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> FileTensors:
+        self._files += 1
+        return FileTensors.write(self.directory / f"activations-{self._files:06d}.bin", tensors)
+
+
+class FileTensors(Sequence[torch.Tensor]):
+    """Tensors stored back to back in one file; indexing reads one of them back into a fresh tensor."""
+
+    def __init__(self, path: Path, entries: list[tuple[int, tuple[int, ...], torch.dtype]]):
+        self.path, self._entries = path, entries  # (byte offset, shape, dtype) per tensor
+        weakref.finalize(self, path.unlink, missing_ok=True)
+
+    @classmethod
+    def write(cls, path: Path, tensors: Iterable[torch.Tensor]) -> FileTensors:
+        entries = []
+        with open(path, "wb") as file:
+            for tensor in tensors:
+                tensor = tensor.detach().contiguous()
+                entries.append((file.tell(), tuple(tensor.shape), tensor.dtype))
+                file.write(_bytes_of(tensor))
+        return cls(path, entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        offset, shape, dtype = self._entries[index]
+        tensor = torch.empty(shape, dtype=dtype)
+        with open(self.path, "rb") as file:
+            file.seek(offset)
+            read = file.readinto(_bytes_of(tensor))
+        if read != math.prod(shape) * dtype.itemsize:
+            raise QuantkitError(f"offloaded activations in {self.path} were cut short (read {read} bytes)")
+        return tensor
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self[i] for i in range(len(self)))
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """The tensor's memory as writable bytes (any dtype, bfloat16 included: numpy has no bfloat16)."""
+    return memoryview(tensor.view(-1).view(torch.uint8).numpy())
+
+
+def check_offload_dir(offload_dir: Path | None) -> None:
+    """Refuse a folder that cannot take the files, before any work."""
+    if offload_dir is None:
+        return
+    if not offload_dir.is_dir():
+        raise QuantkitError(f"--offload-activations: {offload_dir} is not a directory")
+    if not os.access(offload_dir, os.W_OK | os.X_OK):
+        raise QuantkitError(f"--offload-activations: {offload_dir} is not writable")
+
+
+@contextmanager
+def activation_store(offload_dir: Path | None) -> Iterator[ActivationStore]:
+    """In memory, or with ``offload_dir`` in a fresh folder inside it that is removed afterwards, whatever happens."""
+    if offload_dir is None:
+        yield InMemory()
+        return
+    check_offload_dir(offload_dir)
+    directory = Path(tempfile.mkdtemp(prefix="quantkit-activations-", dir=offload_dir))
+    try:
+        yield OnDisk(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
