@@ -1,9 +1,10 @@
-"""Process memory: giving freed heap pages back to the operating system."""
+"""Process memory: giving freed heap pages back to the operating system, and how much is available."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+from pathlib import Path
 
 
 def release_freed_memory(collect_cycles: bool = True) -> None:
@@ -20,3 +21,14 @@ def release_freed_memory(collect_cycles: bool = True) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes: what can be allocated without swapping; None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

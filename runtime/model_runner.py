@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.memory import available_memory
 from quantkit.models import stored_dtype
 from quantkit.runtime.block_manager import NULL_BLOCK
 from quantkit.runtime.config import EngineConfig
@@ -199,10 +200,4 @@ def _dtype(name: str, device: torch.device, path: Path) -> torch.dtype:
 
 
 def _available_ram() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * GIB
+    return available_memory() or 8 * GIB

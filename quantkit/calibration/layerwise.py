@@ -76,8 +76,13 @@ class LayerwiseModel:
         return len(self.decoder.layers)
 
     def embed(self, input_ids: list[list[int]]) -> list[torch.Tensor]:
+        return list(self.embed_each(input_ids))
+
+    def embed_each(self, input_ids: list[list[int]]) -> Iterator[torch.Tensor]:
+        """Sample by sample, for callers that store each embedding as it comes (e.g. to disk)."""
         with self._materialized(self.decoder.embed_tokens, "model.embed_tokens") as embed, torch.no_grad():
-            return [embed(torch.tensor([ids])) for ids in input_ids]
+            for ids in input_ids:
+                yield embed(torch.tensor([ids]))
 
     def position_embeddings(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(hidden.shape[1]).unsqueeze(0)

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from typing import Protocol
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.memory import available_memory
 
 
 class ActivationStore(Protocol):
@@ -115,3 +117,21 @@ def activation_store(offload_dir: Path | None) -> Iterator[ActivationStore]:
         yield OnDisk(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def activation_bytes(hidden_size: int, intermediate_size: int, tokens: int, paired: bool = False) -> int:
+    """About the most a layer's stages hold at once, in float32: the layer's inputs, the stream after
+    attention, the layer's outputs being made (each hidden wide) and the MLP's gated activations;
+    twice with a full-precision stream beside the quantized one (GPTQ fp_targets)."""
+    return (3 * hidden_size + intermediate_size) * tokens * 4 * (2 if paired else 1)
+
+
+def warn_if_activations_outgrow_memory(needed: int, offloaded: bool) -> None:
+    """Say so before the work starts, rather than after an out-of-memory kill an hour in."""
+    available = available_memory()
+    if offloaded or available is None or needed <= 0.8 * available:
+        return
+    warnings.warn(f"the calibration activations need about {needed / 2**30:.1f} GiB at their peak and "
+                  f"{available / 2**30:.1f} GiB of memory is available; pass --offload-activations DIR "
+                  "to keep them on disk, or fewer/shorter samples")
+

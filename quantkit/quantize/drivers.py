@@ -188,8 +188,7 @@ class AWQDriver(Driver):
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
         def observe(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
-            tokens = sum(x.shape[0] for x in inputs)
-            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / tokens
+            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / sum(sample_lengths(rotary))
             observed[names] = (gptq.input_hessian(inputs), x_mean)
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))

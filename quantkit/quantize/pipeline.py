@@ -74,7 +74,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
                             hint="pass --calib DIR or --dataset SET")
     hidden = rotary = None
     if recipe.needs_calibration:
-        hidden = activations.keep(h[0] for h in model.embed(samples))
+        hidden = activations.keep(h[0] for h in model.embed_each(samples))
         rotary = _rotary_by_sample(model, samples, hidden[0].dtype)
     # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
     reference_hidden = hidden

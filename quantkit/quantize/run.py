@@ -18,7 +18,8 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.common import DEFAULT_MAX_SHARD_BYTES
 from quantkit.models import load_config, load_tokenizer, resolve_model, stored_dtype
 from quantkit.outdir import atomic_output_dir, check_output_dir
-from quantkit.quantize.activations import activation_store, check_offload_dir
+from quantkit.quantize.activations import (activation_bytes, activation_store, check_offload_dir,
+                                          warn_if_activations_outgrow_memory)
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
@@ -64,6 +65,10 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     samples, calib_info = None, None
     if recipe.needs_calibration:
         samples, calib_info = _calibration_samples(opts, model_path)
+    if samples:
+        needed = activation_bytes(config.hidden_size, config.intermediate_size, sum(map(len, samples)),
+                                  paired=getattr(recipe.quantization, "fp_targets", 0) > 0)
+        warn_if_activations_outgrow_memory(needed, offloaded=opts.offload_dir is not None)
     with atomic_output_dir(opts.out, opts.overwrite) as staging, activation_store(opts.offload_dir) as activations:
         # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.
         scale_dtype = None if opts.format == "compressed-tensors" else torch.float16

@@ -1,13 +1,17 @@
 """Activations offloaded to disk read back exactly, clean up after themselves, and quantize to the same bytes."""
 
 import gc
+import warnings
+import weakref
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from quantkit.errors import QuantkitError
-from quantkit.quantize.activations import FileTensors, InMemory, OnDisk, activation_store
+from quantkit.quantize import activations
+from quantkit.quantize.activations import (FileTensors, InMemory, OnDisk, activation_bytes, activation_store,
+                                           warn_if_activations_outgrow_memory)
 from quantkit.quantize.pipeline import quantize_model
 from quantkit.recipes import load_recipe
 
@@ -105,3 +109,44 @@ def test_quantize_cli_offloads_and_refuses_a_missing_folder(tiny_model, tmp_path
     offloaded = load_file(tmp_path / "b" / "model.safetensors")
     for name, tensor in load_file(plain / "model.safetensors").items():
         assert torch.equal(tensor, offloaded[name]), name
+
+
+class _Counted(list):
+    """A kept sequence that tracks how many bytes of activations are alive at once."""
+    live = peak = 0
+
+    def __init__(self, tensors):
+        super().__init__(tensors)
+        size = sum(t.numel() * t.element_size() for t in self)
+        _Counted.live += size
+        _Counted.peak = max(_Counted.peak, _Counted.live)
+        weakref.finalize(self, _Counted._drop, size)
+
+    @staticmethod
+    def _drop(size):
+        _Counted.live -= size
+
+
+def test_the_activation_estimate_is_near_what_a_gptq_run_holds_at_once(tiny_model):
+    from quantkit.models import load_config
+
+    torch.manual_seed(0)
+    samples = [torch.randint(3, 390, (40,)).tolist() for _ in range(6)]
+    store = InMemory()
+    store.keep = _Counted
+    quantize_model(tiny_model, load_recipe("gptq-w4a16-g64"), samples, lambda dense, quantized: None,
+                   activations=store)
+    config = load_config(tiny_model)
+    estimate = activation_bytes(config.hidden_size, config.intermediate_size, 6 * 40)
+    assert _Counted.peak <= estimate <= 1.5 * _Counted.peak, (_Counted.peak, estimate)
+
+
+def test_a_run_whose_activations_outgrow_memory_is_warned_before_it_starts(monkeypatch):
+    monkeypatch.setattr(activations, "available_memory", lambda: 2**30)
+    with pytest.warns(UserWarning, match="need about 1.0 GiB .* 1.0 GiB of memory is available; pass "
+                                         "--offload-activations"):
+        warn_if_activations_outgrow_memory(2**30, offloaded=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_activations_outgrow_memory(2**30, offloaded=True)
+        warn_if_activations_outgrow_memory(2**20, offloaded=False)
