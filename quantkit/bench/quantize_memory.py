@@ -77,12 +77,13 @@ def run_bench(depths: list[int], hidden: int, intermediate: int, recipe: str, ma
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         calib = _random_calibration(root / "calib", num_samples, max_seq_len) if calibrated else None
+        spill = root / "spill"  # where the "disk" rows offload activations
+        spill.mkdir()
         floor = _worker_process("import-floor", root, root, recipe, 0, threads)
         for layers in depths:
             model = build_random_llama(root / f"model-{layers}", layers, hidden, intermediate)
             for placement in placements:
-                out, spill = root / f"ckpt-{layers}-{placement}", root / "spill"
-                spill.mkdir(exist_ok=True)
+                out = root / f"ckpt-{layers}-{placement}"
                 row = _worker_process("quantize", model, out, recipe, max_shard_mb * 1024**2, threads, calib,
                                       spill if placement == "disk" else None)
                 row.update(layers=layers, activations=placement, model_mb=_size_mb(model),

@@ -75,7 +75,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     hidden = rotary = None
     if recipe.needs_calibration:
         hidden = activations.keep(h[0] for h in model.embed_each(samples))
-        rotary = _rotary_by_sample(model, samples, hidden[0].dtype)
+        rotary = _rotary_by_sample(model, samples)
     # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
     reference_hidden = hidden
     summary = QuantizeSummary()
@@ -110,13 +110,13 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     return summary
 
 
-def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]],
-                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each sample's rotary cos/sin. They depend on positions only, so samples of one length share them."""
+def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sample's rotary cos/sin in the model's compute dtype. They depend on positions only, so samples
+    of one length share them."""
     by_length = {}
     for ids in samples:
         if len(ids) not in by_length:
-            by_length[len(ids)] = model.position_embeddings(torch.zeros(1, len(ids), 1, dtype=dtype))
+            by_length[len(ids)] = model.position_embeddings(torch.zeros(1, len(ids), 1, dtype=model.dtype))
     return [by_length[len(ids)] for ids in samples]
 
 
