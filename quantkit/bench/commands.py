@@ -49,12 +49,14 @@ def bench_quantize(
     recipe: list[str] = typer.Option(None, help="Recipes to run (repeatable); default: RTN, AWQ, GPTQ, GPTQ act-order."),
     peers: bool = typer.Option(False, help="Also run llm-compressor (installed in its own venv) on the same tokens."),
     keep: Optional[Path] = typer.Option(None, help="Keep checkpoints and tokens in this directory."),
+    seeds: str = typer.Option("0", help="Calibration draws, comma-separated: every method runs on each, and "
+                                        "with several a table gives each method's mean and range over them."),
 ) -> None:
     """Each method's wall time, peak RSS and perplexity delta against fp16, in one run."""
     from quantkit.bench.quantize import DEFAULT_RECIPES, run_bench
 
     run_bench(model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads,
-              list(recipe or DEFAULT_RECIPES), peers, console, keep)
+              list(recipe or DEFAULT_RECIPES), peers, console, keep, _int_list(seeds, "--seeds"))
 
 
 @bench_app.command("quantize-memory", epilog="Example: quantkit bench quantize-memory --layers 4,16,32; "
@@ -73,10 +75,7 @@ def bench_quantize_memory(
     """Peak RSS of `quantkit quantize` on random models of growing depth: flat when layers stream to disk."""
     from quantkit.bench.quantize_memory import run_bench
 
-    try:
-        depths = [int(d) for d in layers.split(",")]
-    except ValueError:
-        raise typer.BadParameter(f"{layers!r} is not a comma-separated list of integers", param_hint="--layers")
+    depths = _int_list(layers, "--layers")
     run_bench(depths, hidden, intermediate, recipe, max_shard_mb, threads, console, num_samples, max_seq_len, offload)
 
 
@@ -205,6 +204,17 @@ def bench_kernels(
     rows = run(tuple(m), rounds, threads)
     console.print(rows_table(rows, f"CPU linear paths, {threads} thread(s), group 64 (median of {rounds} rounds)"))
     _write_json(out, as_dicts(rows))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of distinct integers, or a usage error (exit 2) naming the option."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of integers", param_hint=option)
+    if len(set(values)) < len(values):
+        raise typer.BadParameter(f"{text!r} repeats a value", param_hint=option)
+    return values
 
 
 def _write_json(out: Optional[Path], result) -> None:

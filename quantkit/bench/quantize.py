@@ -24,29 +24,37 @@ WORKER = "quantkit.bench.quantize"
 
 
 def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: int, max_seq_len: int,
-              threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None) -> list[dict]:
+              threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None,
+              seeds: list[int] | None = None) -> list[dict]:
+    """One row per method and calibration seed. Several seeds draw several calibration sets: GPTQ's
+    result moves by about a point between equally valid runs (docs/quantization.md, "Where it stands"),
+    so variants are told apart by their spread over draws, not by one run."""
     from quantkit.eval.stats import perplexity_increase_pct
     from quantkit.models import resolve_model
     from quantkit.recipes import load_recipe
 
     path = resolve_model(model)
+    seeds = seeds or [0]
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
-        calib_dir = _write_calibration(path, calib_dataset, num_samples, max_seq_len, work / "calib")
+        work.mkdir(parents=True, exist_ok=True)
         eval_file = _write_eval_tokens(path, eval_dataset, max_seq_len, work / "eval.safetensors")
         rows = []
-        for recipe in recipes:
-            out = work / Path(recipe).stem  # a recipe may be a YAML path
-            row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
-            rows.append(row | {"name": f"quantkit {recipe}", "path": str(out)})
-        if peers:
-            from quantkit.bench.peers import METHODS, run_llmcompressor
+        for seed in seeds:
+            suffix = f"-seed{seed}" if len(seeds) > 1 else ""
+            calib_dir = _write_calibration(path, calib_dataset, num_samples, max_seq_len, work / f"calib{suffix}", seed)
+            for recipe in recipes:
+                out = work / f"{Path(recipe).stem}{suffix}"  # a recipe may be a YAML path
+                row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
+                rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed})
+            if peers:
+                from quantkit.bench.peers import METHODS, run_llmcompressor
 
-            # The peer runs each method the chosen recipes use, on the same tokens.
-            methods = {load_recipe(r).quantization.method for r in recipes}
-            for method in (m for m in METHODS if m in methods):
-                row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}", threads)
-                rows.append(row | {"name": f"llm-compressor {method}"})
+                # The peer runs each method the chosen recipes use, on the same tokens.
+                methods = {load_recipe(r).quantization.method for r in recipes}
+                for method in (m for m in METHODS if m in methods):
+                    row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
+                    rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
     baseline = ppl[str(path)]
     for row in rows:
@@ -55,21 +63,39 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
         increase = perplexity_increase_pct(baseline["nll"], ppl[row["path"]]["nll"], baseline["counts"])
         row["delta"], row["delta_low"], row["delta_high"] = (x / 100 for x in (increase.value, increase.low, increase.high))
     _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, baseline["perplexity"],
-           rows)
+           rows, seeds)
     return rows
 
 
-def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq_len: int, out: Path) -> Path:
+def summarize_over_seeds(rows: list[dict]) -> list[dict]:
+    """Per method (in first-seen order): the seeds it ran on, and the mean, lowest and highest of its
+    perplexity delta and its mean wall time over them."""
+    by_name: dict[str, list[dict]] = {}
+    for row in rows:
+        by_name.setdefault(row["name"], []).append(row)
+    summary = []
+    for name, runs in by_name.items():
+        deltas = [r["delta"] for r in runs]
+        summary.append({"name": name, "seeds": [r["seed"] for r in runs], "delta_mean": sum(deltas) / len(deltas),
+                        "delta_min": min(deltas), "delta_max": max(deltas),
+                        "wall_s_mean": sum(r["wall_s"] for r in runs) / len(runs)})
+    return summary
+
+
+def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq_len: int, out: Path,
+                       seed: int = 0) -> Path:
     """A calibrate-style directory holding only the samples, so every method (and peer) reads the same tokens."""
     from quantkit.calibration.run import save_samples
     from quantkit.data.readers import dataset_hash, read_records
     from quantkit.data.samples import draw_samples
     from quantkit.models import load_tokenizer
 
-    samples = draw_samples(read_records(dataset), load_tokenizer(model_path), num_samples, max_seq_len, pack=True)
+    samples = draw_samples(read_records(dataset), load_tokenizer(model_path), num_samples, max_seq_len, seed=seed,
+                           pack=True)
     out.mkdir(parents=True, exist_ok=True)
     save_samples(samples.input_ids, out / "samples.safetensors")
-    manifest = {"dataset": {"ref": dataset, "sha256": dataset_hash(dataset)}, "samples": len(samples.input_ids)}
+    manifest = {"dataset": {"ref": dataset, "sha256": dataset_hash(dataset)}, "samples": len(samples.input_ids),
+                "seed": seed}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
@@ -83,19 +109,33 @@ def _write_eval_tokens(model_path: Path, dataset: str, chunk: int, out: Path) ->
     return out
 
 
-def _print(console, model, calib, eval_set, n, length, threads, base, rows) -> None:
+def _print(console, model, calib, eval_set, n, length, threads, base, rows, seeds) -> None:
     from rich.table import Table
 
+    several = len(seeds) > 1
     table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on {eval_set}, "
                         f"{threads} thread(s)")
-    for column in ("method", "wall s", "peak RSS MB", "perplexity", "vs fp16 [95% interval]"):
+    for column in ("method", *(["seed"] if several else []), "wall s", "peak RSS MB", "perplexity",
+                   "vs fp16 [95% interval]"):
         table.add_column(column)
-    table.add_row("fp16 baseline", "-", "-", f"{base:.3f}", "1.00x")
+    table.add_row("fp16 baseline", *(["-"] if several else []), "-", "-", f"{base:.3f}", "1.00x")
     for row in rows:
-        table.add_row(row["name"], f"{row['wall_s']:.1f}", f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
+        table.add_row(row["name"], *([str(row["seed"])] if several else []), f"{row['wall_s']:.1f}",
+                      f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
                       f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]")
     console.print(table)
-    console.print(json.dumps({"baseline_perplexity": base, "rows": rows}))
+    report = {"baseline_perplexity": base, "rows": rows}
+    if several:
+        summary = summarize_over_seeds(rows)
+        table = Table(title=f"over calibration seeds {', '.join(map(str, seeds))}")
+        for column in ("method", "vs fp16 mean", "lowest", "highest", "mean wall s"):
+            table.add_column(column)
+        for item in summary:
+            table.add_row(item["name"], f"{item['delta_mean']:+.1%}", f"{item['delta_min']:+.1%}",
+                          f"{item['delta_max']:+.1%}", f"{item['wall_s_mean']:.1f}")
+        console.print(table)
+        report["over_seeds"] = summary
+    console.print(json.dumps(report))
 
 
 def _quantize_worker(model_dir: str, recipe: str, calib_dir: str, out: str, threads: int) -> dict:

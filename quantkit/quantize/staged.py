@@ -31,6 +31,9 @@ STAGES = (
 )
 
 
+RECEIVED_QUERY_BLOCK = 128  # queries per block in attention_received
+
+
 class StagedLayer:
     def __init__(self, layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int,
                  reuse_rotated: bool = True):
@@ -72,12 +75,19 @@ class StagedLayer:
         if self.reuse_rotated:
             self._rotated[id(x)] = (x, self._qk_weights(), q, k)
         q, k = q[0], k[0]
-        # Query heads grouped by their KV head, [kv_heads, group * tokens, dim]; scaling and the causal mask
-        # in one baddbmm (half the time of separate products, masked_fill and a repeated K).
-        q = q.reshape(self.num_kv_heads, -1, self.head_dim)
-        future = _future_mask(tokens, q.shape[1] // tokens, q.dtype)
-        probs = torch.baddbmm(future, q, k.transpose(1, 2), alpha=self.attn.scaling).softmax(dim=-1)
-        return probs.square_().sum(dim=1)
+        group = self.num_heads // self.num_kv_heads
+        # Query heads grouped by their KV head, [kv_heads, group, tokens, dim]. Queries go in blocks that score
+        # only the keys up to the block's end: the causal mask hides the rest (5/8 of the work at 4 blocks).
+        q = q.reshape(self.num_kv_heads, group, tokens, self.head_dim)
+        received = torch.zeros(self.num_kv_heads, tokens, dtype=q.dtype)
+        for start in range(0, tokens, RECEIVED_QUERY_BLOCK):
+            end = min(start + RECEIVED_QUERY_BLOCK, tokens)
+            queries = q[:, :, start:end].reshape(self.num_kv_heads, group * (end - start), self.head_dim)
+            # scaling and the causal mask in one baddbmm (half the time of separate products and masked_fill)
+            future = _future_mask(start, end, group, q.dtype)
+            probs = torch.baddbmm(future, queries, k[:, :end].transpose(1, 2), alpha=self.attn.scaling)
+            received[:, :end] += probs.softmax(dim=-1).square_().sum(dim=1)
+        return received
 
     def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k after rotary, [1, heads, tokens, dim]."""
@@ -131,11 +141,11 @@ class StagedLayer:
         return self.output(residual, self.mlp_core(self.mlp_input(residual)))
 
 
-@functools.lru_cache(maxsize=8)
-def _future_mask(tokens: int, repeats: int, dtype: torch.dtype) -> torch.Tensor:
-    """-inf where a query would see a later key, stacked `repeats` times: [repeats * tokens, tokens]. Cached:
-    calibration samples share a length, and building it is ~10% of attention_received at 512 tokens."""
-    return torch.full((tokens, tokens), float("-inf"), dtype=dtype).triu(1).repeat(repeats, 1)
+@functools.lru_cache(maxsize=16)
+def _future_mask(start: int, end: int, repeats: int, dtype: torch.dtype) -> torch.Tensor:
+    """-inf where query start..end-1 would see a later key among keys 0..end-1, stacked `repeats` times:
+    [repeats * (end - start), end]. Cached: calibration samples share a length."""
+    return torch.full((end - start, end), float("-inf"), dtype=dtype).triu(start + 1).repeat(repeats, 1)
 
 
 # Hooks get the linears' names, their inputs (one tensor per sample) and, for o_proj and down_proj, the

@@ -23,3 +23,29 @@ def test_rows_for_a_shipped_recipe_and_a_recipe_file(tiny_model, tmp_path):
         assert (Path(row["path"]) / "model.safetensors").is_file()
         assert math.isfinite(row["perplexity"]) and row["perplexity"] > 1 and row["wall_s"] > 0
         assert row["delta_low"] <= row["delta"] <= row["delta_high"] and row["delta_low"] < row["delta_high"]
+
+
+def test_several_seeds_draw_several_calibration_sets_and_summarize_each_method(tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    from quantkit.bench.quantize import summarize_over_seeds
+
+    data = write_jsonl(tmp_path / "calib.jsonl", chat_rows(40))
+    recipe = tmp_path / "tiny-gptq.yaml"
+    recipe.write_text("name: tiny-gptq\nquantization: {method: gptq}\nweights: {bits: 4, group_size: 32}\n")
+    out = io.StringIO()
+    rows = run_bench(str(tiny_model), str(data), str(data), 4, 64, 1, [str(recipe)], False,
+                     Console(file=out, width=200), keep=tmp_path / "work", seeds=[0, 5])
+    work = tmp_path / "work"
+    assert [(r["name"], r["seed"], Path(r["path"])) for r in rows] == [
+        (f"quantkit {recipe}", 0, work / "tiny-gptq-seed0"), (f"quantkit {recipe}", 5, work / "tiny-gptq-seed5")]
+    tokens = [load_file(work / f"calib-seed{s}" / "samples.safetensors") for s in (0, 5)]
+    assert not all(a.equal(b) for a, b in zip(tokens[0].values(), tokens[1].values()))  # two different draws
+    weights = [load_file(Path(r["path"]) / "model.safetensors") for r in rows]
+    assert any(not weights[0][k].equal(weights[1][k]) for k in weights[0] if k.endswith("weight_packed"))
+    (summary,) = summarize_over_seeds(rows)
+    deltas = [r["delta"] for r in rows]
+    assert summary["seeds"] == [0, 5]
+    assert math.isclose(summary["delta_mean"], sum(deltas) / 2)
+    assert (summary["delta_min"], summary["delta_max"]) == (min(deltas), max(deltas))
+    assert "over calibration seeds 0, 5" in out.getvalue()

@@ -40,10 +40,14 @@ def test_attention_received_hand_case_uniform_attention(tiny_model):
     torch.testing.assert_close(received, expected.expand(2, 5))
 
 
-def test_attention_received_equals_per_head_softmax_on_random_inputs(tiny_model):
+@pytest.mark.parametrize("query_block", [128, 4])  # one block; four blocks, the last one short
+def test_attention_received_equals_per_head_softmax_on_random_inputs(tiny_model, monkeypatch, query_block):
     # Against the definition, one query head at a time: sum over queries i >= j of softmax(q k^T / sqrt(d))_ij^2,
     # summed over the query heads of each KV head.
     from quantkit.calibration.observers import rotate_keys
+    from quantkit.quantize import staged
+
+    monkeypatch.setattr(staged, "RECEIVED_QUERY_BLOCK", query_block)
 
     model = LayerwiseModel(tiny_model)
     config = model.config
