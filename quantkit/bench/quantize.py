@@ -1,7 +1,8 @@
 """`quantkit bench quantize`: every method on the same calibration tokens, in one run: wall time, peak
 RSS (each quantization in its own process, threads pinned) and perplexity on held-out text relative to
 the fp16 model, all measured in the same run. With --peers, llm-compressor runs the same methods (GPTQ, AWQ,
-FP8 dynamic) on the same tokens.
+FP8 dynamic) on the same tokens. With --seeds, all of it once per calibration draw, and each method's mean
+and range over the draws.
 
 Run a worker directly: python -m quantkit.bench.quantize quantize MODEL RECIPE CALIB_DIR OUT THREADS
                        python -m quantkit.bench.quantize perplexity EVAL_TOKENS THREADS MODEL_DIR...
