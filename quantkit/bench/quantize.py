@@ -30,12 +30,17 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     """One row per method and calibration seed. Several seeds draw several calibration sets: GPTQ's
     result moves by about a point between equally valid runs (docs/quantization.md, "Where it stands"),
     so variants are told apart by their spread over draws, not by one run."""
+    from quantkit.bench.peers import METHODS as PEER_METHODS
+    from quantkit.bench.peers import run_llmcompressor
     from quantkit.eval.stats import perplexity_increase_pct
     from quantkit.models import resolve_model
     from quantkit.recipes import load_recipe
 
     path = resolve_model(model)
     seeds = seeds or [0]
+    # The peer runs each method the chosen recipes use, on the same tokens.
+    recipe_methods = {load_recipe(r).quantization.method for r in recipes}
+    peer_methods = [m for m in PEER_METHODS if m in recipe_methods] if peers else []
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -48,14 +53,9 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
                 out = work / f"{Path(recipe).stem}{suffix}"  # a recipe may be a YAML path
                 row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
                 rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed})
-            if peers:
-                from quantkit.bench.peers import METHODS, run_llmcompressor
-
-                # The peer runs each method the chosen recipes use, on the same tokens.
-                methods = {load_recipe(r).quantization.method for r in recipes}
-                for method in (m for m in METHODS if m in methods):
-                    row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
-                    rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
+            for method in peer_methods:
+                row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
+                rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
     baseline = ppl[str(path)]
     for row in rows:
