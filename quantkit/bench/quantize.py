@@ -39,8 +39,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     path = resolve_model(model)
     seeds = seeds or [0]
     # The peer runs each method the chosen recipes use, on the same tokens.
-    recipe_methods = {load_recipe(r).quantization.method for r in recipes}
-    peer_methods = [m for m in PEER_METHODS if m in recipe_methods] if peers else []
+    recipe_methods = {load_recipe(r).quantization.method for r in recipes} if peers else set()
+    peer_methods = [m for m in PEER_METHODS if m in recipe_methods]
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
