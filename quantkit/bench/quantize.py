@@ -20,7 +20,8 @@ import torch
 
 from quantkit.bench.workers import run_worker
 
-DEFAULT_RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder")
+DEFAULT_RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder",
+                   "gptq-w4a16-g64-fp-targets")
 WORKER = "quantkit.bench.quantize"
 
 

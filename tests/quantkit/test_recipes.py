@@ -6,11 +6,16 @@ from quantkit.recipes import load_recipe, shipped_recipe_names
 
 def test_shipped_recipes_load():
     names = shipped_recipe_names()
-    for name in ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder"):
+    for name in ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder",
+                 "gptq-w4a16-g64-fp-targets"):
         assert name in names
         recipe = load_recipe(name)
         assert recipe.name == name and recipe.weights.group_size == 64
-    assert load_recipe("gptq-w4a16-g64-actorder").quantization.act_order is True
+    plain, actorder, fp_targets = (load_recipe(f"gptq-w4a16-g64{suffix}").quantization
+                                   for suffix in ("", "-actorder", "-fp-targets"))
+    # -actorder is the plain recipe with act order and nothing else; -fp-targets adds the full-precision targets
+    assert actorder == plain.model_copy(update={"act_order": True})
+    assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25})
 
 
 def test_unknown_key_names_the_key_and_the_file(tmp_path):

@@ -64,7 +64,7 @@ def test_an_unusable_offload_folder_is_refused_naming_it(tmp_path):
             pass
 
 
-@pytest.mark.parametrize("recipe", ["gptq-w4a16-g64", "gptq-w4a16-g64-actorder", "awq-w4a16-g64-kv-fp8",
+@pytest.mark.parametrize("recipe", ["gptq-w4a16-g64", "gptq-w4a16-g64-fp-targets", "awq-w4a16-g64-kv-fp8",
                                     "fp8-w8a8-static"])
 def test_offloaded_activations_quantize_to_the_same_tensors(tiny_model, tmp_path, recipe):
     torch.manual_seed(0)
