@@ -22,7 +22,8 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import common
-from quantkit.formats.common import fp16_scales, has_permuted_groups, load_safetensors, write_quantized_dir
+from quantkit.formats.common import (StoredCheckpoint, TensorFiles, fp16_scales, has_permuted_groups,
+                                     stored_checkpoint, write_quantized_dir)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
 
@@ -158,23 +159,31 @@ def find_quant_config(root: Path) -> tuple[dict, dict, str]:
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
     """Read an AutoAWQ GEMM checkpoint (ours or AutoAWQ's): (hf config, dense tensors, quantized)."""
+    return open_checkpoint(path).read_all()
+
+
+def open_checkpoint(path: str | Path) -> StoredCheckpoint:
+    """The checkpoint's config and tensor names, to read a module at a time (see read_checkpoint).
+
+    The GEMM layout always stores zero points; when every one of them is 8 the weights are marked
+    symmetric (the same weights, and they stay one scheme). Deciding that reads every qzeros up front,
+    which are small (1 / group size of qweight)."""
     root = Path(path)
     config, qconfig, where = find_quant_config(root)
     group_size = weight_scheme(qconfig, where)
-    tensors = load_safetensors(root)
-    quantized = {}
-    for module in [k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")]:
-        parts = {s: tensors.pop(f"{module}.{s}") for s in TENSORS if f"{module}.{s}" in tensors}
-        quantized[module] = read_weight(parts, group_size, where=f"{root}: {module}")
-    stray = [k for k in tensors if k.endswith((".qzeros", ".scales"))]
-    if stray:
-        raise QuantkitError(f"{root}: {stray[0]} has no matching qweight")
-    return config, tensors, _symmetric_if_midpoint(quantized)
+    files = TensorFiles(root)
+    stored = stored_checkpoint(config, files, "qweight", TENSORS,
+                               lambda parts, at: read_weight(parts, group_size, where=at), stray=(".qzeros", ".scales"))
+    zeros = [f"{module}.qzeros" for module in stored.modules if f"{module}.qzeros" in files]
+    midpoint = bool(zeros) and all(bool((unpack_awq(files.load([name])[name]) == 2 ** (BITS - 1)).all())
+                                   for name in zeros)
+    if midpoint:
+        read = stored.read_module
 
+        def read_symmetric(module: str) -> QuantizedWeight:
+            weight = read(module)
+            weight.symmetric = True
+            return weight
 
-def _symmetric_if_midpoint(quantized: dict[str, QuantizedWeight]) -> dict[str, QuantizedWeight]:
-    """Mark every layer symmetric when every zero is 8: the same weights, and they stay one scheme."""
-    if quantized and all(bool((qw.zero == 2 ** (BITS - 1)).all()) for qw in quantized.values()):
-        for qw in quantized.values():
-            qw.symmetric = True
-    return quantized
+        stored.read_module = read_symmetric
+    return stored

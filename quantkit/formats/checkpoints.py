@@ -17,7 +17,7 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import autoawq, compressed_tensors, gptq
-from quantkit.formats.common import load_safetensors, read_json
+from quantkit.formats.common import StoredCheckpoint, load_safetensors, read_json
 
 FORMATS = ("compressed-tensors", "autoawq", "gptq", "dense")
 QUANT_METHODS = {"compressed-tensors": "compressed-tensors", "awq": "autoawq", "gptq": "gptq"}
@@ -60,6 +60,15 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
     fmt = detect_format(root)
     if fmt == "dense":
         return read_json(root / "config.json"), load_safetensors(root), {}
-    readers = {"compressed-tensors": compressed_tensors.read_checkpoint, "autoawq": autoawq.read_checkpoint,
-               "gptq": gptq.read_checkpoint}
-    return readers[fmt](root)
+    return open_checkpoint(root).read_all()
+
+
+def open_checkpoint(path: str | Path) -> StoredCheckpoint:
+    """A quantized checkpoint in any supported format, opened to read a module at a time."""
+    root = Path(path)
+    fmt = detect_format(root)
+    if fmt == "dense":
+        raise QuantkitError(f"{root} is a dense checkpoint: it has no quantized weights")
+    openers = {"compressed-tensors": compressed_tensors.open_checkpoint, "autoawq": autoawq.open_checkpoint,
+               "gptq": gptq.open_checkpoint}
+    return openers[fmt](root)

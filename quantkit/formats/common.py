@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.quantized import QuantizedWeight
@@ -53,44 +55,145 @@ def write_json(file: Path, value: dict) -> None:
 
 
 def load_safetensors(root: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint directory: the shards an index names, else every *.safetensors file.
+    """Every tensor of a checkpoint directory (see TensorFiles for which files count)."""
+    files = TensorFiles(root)
+    return files.load(files.names())
+
+
+class TensorFiles:
+    """The tensors of a checkpoint directory, read on demand: the shards an index names, else every
+    *.safetensors file. Opening one reads only the files' headers, so a reader can go through a model
+    larger than memory a module at a time.
 
     Honouring the index matters when a directory also holds stray files (an old unsharded copy):
     loaders such as transformers read only what the index lists.
     """
-    index = root / INDEX_FILE
-    if index.is_file():
-        return _load_indexed(index)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise QuantkitError(f"{root}: no *.safetensors files", hint="point at a checkpoint directory")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(_load_file(file))
-    return tensors
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._file_of: dict[str, Path] = {}  # tensor name -> its file, in file order
+        index = self.root / INDEX_FILE
+        if index.is_file():
+            self._map_indexed(index)
+            return
+        files = sorted(self.root.glob("*.safetensors"))
+        if not files:
+            raise QuantkitError(f"{self.root}: no *.safetensors files", hint="point at a checkpoint directory")
+        for file in files:
+            self._file_of.update(dict.fromkeys(_header_names(file), file))
+
+    def _map_indexed(self, index: Path) -> None:
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise QuantkitError(f"{index}: weight_map is missing or empty")
+        for name in sorted(set(weight_map.values())):
+            shard = index.parent / name
+            if not shard.is_file():
+                raise QuantkitError(f"{index}: names shard {name}, which does not exist")
+            self._file_of.update(dict.fromkeys(_header_names(shard), shard))
+        missing = sorted(set(weight_map) - set(self._file_of))
+        if missing:
+            raise QuantkitError(f"{index}: {len(missing)} tensors listed but not in their shards, e.g. {missing[0]}")
+
+    def names(self) -> list[str]:
+        return list(self._file_of)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype's safetensors name ("F8_E4M3", "I32", ...), without reading the tensor."""
+        file = self._file_of[name]
+        with _open(file) as handle:
+            return handle.get_slice(name).get_dtype()
+
+    def load(self, names) -> dict[str, torch.Tensor]:
+        """The named tensors, each file opened once."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self._file_of[name], []).append(name)
+        tensors = {}
+        for file, file_names in by_file.items():
+            try:
+                with _open(file) as handle:
+                    tensors.update({name: handle.get_tensor(name) for name in file_names})
+            except (SafetensorError, OSError) as exc:
+                raise QuantkitError(f"{file}: not a readable safetensors file ({exc})") from exc
+        return tensors
 
 
-def _load_indexed(index: Path) -> dict[str, torch.Tensor]:
-    weight_map = read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise QuantkitError(f"{index}: weight_map is missing or empty")
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(set(weight_map.values())):
-        shard = index.parent / name
-        if not shard.is_file():
-            raise QuantkitError(f"{index}: names shard {name}, which does not exist")
-        tensors.update(_load_file(shard))
-    missing = sorted(set(weight_map) - set(tensors))
-    if missing:
-        raise QuantkitError(f"{index}: {len(missing)} tensors listed but not in their shards, e.g. {missing[0]}")
-    return tensors
+def _open(file: Path):
+    return safe_open(str(file), framework="pt")
 
 
-def _load_file(file: Path) -> dict[str, torch.Tensor]:
+def _header_names(file: Path) -> list[str]:
     try:
-        return load_file(str(file))
+        with _open(file) as handle:
+            return list(handle.keys())
     except (SafetensorError, OSError) as exc:
         raise QuantkitError(f"{file}: not a readable safetensors file ({exc})") from exc
+
+
+class StoredWeights(Mapping):
+    """module name -> its weight, read from disk each time it is asked for (nothing is cached)."""
+
+    def __init__(self, modules: list[str], read_module: Callable[[str], object]):
+        self._modules, self._read = modules, read_module
+
+    def __getitem__(self, module: str):
+        if module not in self._modules:
+            raise KeyError(module)
+        return self._read(module)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+@dataclass
+class StoredCheckpoint:
+    """A quantized checkpoint opened for reading a module at a time: its config.json, the names of its dense
+    tensors and of its quantized modules, and how to read one module's weight (QuantizedWeight or Fp8Weight)."""
+    config: dict
+    files: TensorFiles
+    dense_names: list[str]
+    modules: list[str]
+    read_module: Callable[[str], object]
+
+    def dense(self) -> dict[str, torch.Tensor]:
+        return self.files.load(self.dense_names)
+
+    def weights(self) -> StoredWeights:
+        """Every quantized module, read as it is iterated: a writer given this holds one module at a time."""
+        return StoredWeights(self.modules, self.read_module)
+
+    def read_all(self) -> tuple[dict, dict[str, torch.Tensor], dict]:
+        """(config, dense tensors, module -> weight), everything in memory."""
+        return self.config, self.dense(), {module: self.read_module(module) for module in self.modules}
+
+
+def stored_checkpoint(config: dict, files: TensorFiles, anchor: str, suffixes: tuple[str, ...],
+                      read: Callable[[dict[str, torch.Tensor], str], object], stray: tuple[str, ...] = (),
+                      is_module: Callable[[str], bool] = lambda name: True) -> StoredCheckpoint:
+    """The modules are the names before ".{anchor}" (that ``is_module`` accepts); each owns its tensors
+    "{module}.{suffix}", read with ``read(tensors by suffix, where)``. Everything else is dense, except a
+    tensor ending in one of ``stray`` suffixes: a piece of a module whose anchor is missing, an error."""
+    names = files.names()
+    modules = [n[: -len(anchor) - 1] for n in names if n.endswith(f".{anchor}") and is_module(n)]
+    owned = {f"{module}.{suffix}" for module in modules for suffix in suffixes}
+    dense_names = [n for n in names if n not in owned]
+    orphans = [n for n in dense_names if n.endswith(stray)]
+    if orphans:
+        raise QuantkitError(f"{files.root}: {orphans[0]} has no matching {anchor}")
+
+    def read_module(module: str):
+        present = [f"{module}.{suffix}" for suffix in suffixes if f"{module}.{suffix}" in files]
+        parts = {name[len(module) + 1:]: tensor for name, tensor in files.load(present).items()}
+        return read(parts, f"{files.root}: {module}")
+
+    return StoredCheckpoint(config, files, dense_names, modules, read_module)
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:

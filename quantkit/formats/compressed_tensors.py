@@ -23,7 +23,8 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats import float_quantized
-from quantkit.formats.common import load_safetensors, read_json, write_quantized_dir
+from quantkit.formats.common import (StoredCheckpoint, TensorFiles, read_json, stored_checkpoint,
+                                     write_quantized_dir)
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 
 QUANT_METHOD = "compressed-tensors"
@@ -240,30 +241,23 @@ def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_siz
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight | Fp8Weight]]:
     """Read a pack-quantized or float-quantized (FP8) checkpoint, ours or llm-compressor's:
     (hf config, dense tensors, quantized). KV-cache scales, if any, stay among the dense tensors."""
+    return open_checkpoint(path).read_all()
+
+
+def open_checkpoint(path: str | Path) -> StoredCheckpoint:
+    """The checkpoint's config and tensor names, to read a module at a time (see read_checkpoint)."""
     root = Path(path)
     config_file = root / "config.json"
     config = read_json(config_file)
     if "quantization_config" not in config:
         raise QuantkitError(f"{config_file}: no quantization_config", hint="this is not a quantized checkpoint")
     qconfig, where = config["quantization_config"], f"{config_file}: quantization_config"
-    fp8_activations = None
     if isinstance(qconfig, dict) and qconfig.get("format") == float_quantized.FORMAT:
-        fp8_activations = float_quantized.activation_scheme(qconfig, where)
-    else:
-        scheme = weight_scheme(qconfig, where=where)
-    tensors = load_safetensors(root)
-    if fp8_activations is not None:
-        dense, quantized = float_quantized.split_quantized(tensors, fp8_activations, str(root))
-    else:
-        dense, quantized = _split_quantized(tensors, scheme[:3], root)
-    return config, dense, quantized
-
-
-def _split_quantized(tensors: dict[str, torch.Tensor], scheme: tuple[int, int, bool],
-                     root: Path) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
-    modules = [k[: -len(".weight_packed")] for k in tensors if k.endswith(".weight_packed")]
-    quantized = {}
-    for module in modules:
-        parts = {s: tensors.pop(f"{module}.{s}") for s in SUFFIXES if f"{module}.{s}" in tensors}
-        quantized[module] = read_weight(parts, *scheme, where=f"{root}: {module}")
-    return tensors, quantized
+        static = float_quantized.activation_scheme(qconfig, where) == "static"
+        files = TensorFiles(root)
+        return stored_checkpoint(config, files, "weight", float_quantized.SUFFIXES,
+                                 lambda parts, at: float_quantized.read_weight(parts, static, at),
+                                 is_module=lambda name: files.dtype(name) == float_quantized.STORED_DTYPE)
+    bits, group_size, symmetric, _ = weight_scheme(qconfig, where=where)
+    return stored_checkpoint(config, TensorFiles(root), "weight_packed", SUFFIXES,
+                             lambda parts, at: read_weight(parts, bits, group_size, symmetric, where=at))

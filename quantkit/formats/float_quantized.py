@@ -23,6 +23,8 @@ from quantkit.formats.quantized import Fp8Weight
 
 FORMAT = "float-quantized"
 FP8_DTYPE = torch.float8_e4m3fn
+STORED_DTYPE = "F8_E4M3"  # FP8_DTYPE as a safetensors header names it
+SUFFIXES = ("weight", "weight_scale", "input_scale")  # of one FP8 Linear
 ACTIVATIONS = ("dynamic", "static")
 KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale")
 
@@ -104,18 +106,6 @@ def read_weight(tensors: dict[str, torch.Tensor], static: bool, where: str) -> F
         raise QuantkitError(f"{where}: static FP8 activations but no input_scale")
     return Fp8Weight(weight=weight, scale=scale.float(),
                      input_scale=None if input_scale is None else input_scale.float().reshape(1))
-
-
-def split_quantized(tensors: dict[str, torch.Tensor], activations: str,
-                    where: str) -> tuple[dict[str, torch.Tensor], dict[str, Fp8Weight]]:
-    """Pop every fp8 Linear out of a flat state dict: (the rest, module -> Fp8Weight)."""
-    modules = [k[: -len(".weight")] for k, v in tensors.items() if k.endswith(".weight") and v.dtype == FP8_DTYPE]
-    quantized = {}
-    for module in modules:
-        parts = {s: tensors.pop(f"{module}.{s}") for s in ("weight", "weight_scale", "input_scale")
-                 if f"{module}.{s}" in tensors}
-        quantized[module] = read_weight(parts, activations == "static", f"{where}: {module}")
-    return tensors, quantized
 
 
 def kv_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,8 +27,8 @@ import torch
 from quantkit import __version__
 from quantkit.errors import QuantkitError
 from quantkit.formats import common
-from quantkit.formats.common import (fp16_scales, has_permuted_groups, load_safetensors, write_json,
-                                     write_quantized_dir)
+from quantkit.formats.common import (StoredCheckpoint, TensorFiles, fp16_scales, has_permuted_groups,
+                                     stored_checkpoint, write_json, write_quantized_dir)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
 
@@ -203,15 +203,14 @@ def find_quant_config(root: Path) -> tuple[dict, dict, str]:
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
     """Read a GPTQ checkpoint (ours, AutoGPTQ's or GPTQModel's, v1 or v2, sharded or not)."""
+    return open_checkpoint(path).read_all()
+
+
+def open_checkpoint(path: str | Path) -> StoredCheckpoint:
+    """The checkpoint's config and tensor names, to read a module at a time (see read_checkpoint)."""
     root = Path(path)
     config, qconfig, where = find_quant_config(root)
     scheme = weight_scheme(qconfig, where)
-    tensors = load_safetensors(root)
-    quantized = {}
-    for module in [k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")]:
-        parts = {s: tensors.pop(f"{module}.{s}") for s in TENSORS if f"{module}.{s}" in tensors}
-        quantized[module] = read_weight(parts, *scheme, where=f"{root}: {module}")
-    stray = [k for k in tensors if k.endswith((".qzeros", ".scales", ".g_idx"))]
-    if stray:
-        raise QuantkitError(f"{root}: {stray[0]} has no matching qweight")
-    return config, tensors, quantized
+    return stored_checkpoint(config, TensorFiles(root), "qweight", TENSORS,
+                             lambda parts, at: read_weight(parts, *scheme, where=at),
+                             stray=(".qzeros", ".scales", ".g_idx"))

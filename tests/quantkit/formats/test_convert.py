@@ -118,20 +118,39 @@ def test_dense_source_and_existing_output_are_refused(tiny_model, sources, tmp_p
     assert read_checkpoint(tmp_path / "taken")[2]
 
 
-def test_fp8_weights_are_not_convertible(sources, tmp_path, monkeypatch):
-    """Anything the compressed-tensors reader returns that is not a QuantizedWeight (e.g. FP8) is refused."""
-    from quantkit.formats import convert as convert_module
+def test_conversion_holds_one_source_module_at_a_time(sources, tmp_path, monkeypatch):
+    """The source is read a module at a time (to check, to write, to verify), never whole."""
+    import gc
+    import weakref
 
-    class Fp8Like:
-        shape = (8, 8)
+    from quantkit.formats import compressed_tensors as ct
 
-        def dequantize(self, dtype=torch.float32):
-            return torch.zeros(self.shape, dtype=dtype)
+    alive, most, reads = [], 0, 0
+    read_weight = ct.read_weight
 
-    monkeypatch.setattr(convert_module, "read_checkpoint",
-                        lambda path: ({}, {}, {"model.layers.0.mlp.up_proj": Fp8Like()}))
-    with pytest.raises(QuantkitError, match="model.layers.0.mlp.up_proj is a Fp8Like, not integer codes"):
-        convert(sources["sym"], "autoawq", tmp_path / "x")
+    def tracked(*args, **kwargs):
+        nonlocal most, reads
+        gc.collect()
+        alive[:] = [ref for ref in alive if ref() is not None]
+        weight = read_weight(*args, **kwargs)
+        alive.append(weakref.ref(weight))
+        most, reads = max(most, len(alive)), reads + 1
+        return weight
+
+    monkeypatch.setattr(ct, "read_weight", tracked)
+    convert(sources["asym"], "gptq", tmp_path / "g")
+    assert reads == 3 * 14  # 14 linears: checked, written, verified
+    assert most <= 2  # the one being read, and the previous one until its loop variable is rebound
+
+
+def test_fp8_weights_are_not_convertible(tiny_model, tmp_path, run_cli):
+    from quantkit.quantize.run import QuantizeOptions, quantize
+
+    quantize(QuantizeOptions(model=str(tiny_model), recipe="fp8-w8a8-dynamic", out=tmp_path / "fp8"))
+    code, _, err = run_cli("convert", tmp_path / "fp8", "--to", "gptq", "--out", tmp_path / "x")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(r"model\.layers\.\d+\.\S+ is a Fp8Weight, not integer codes", err), err
+    assert not (tmp_path / "x").exists()
 
 
 def test_kv_cache_scales_survive_a_round_trip_through_gptq(tiny_model, tmp_path):
