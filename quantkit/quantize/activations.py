@@ -34,11 +34,30 @@ class ActivationStore(Protocol):
         """Consume the tensors one at a time and return them as an indexable sequence."""
 
 
+# What InMemory packs samples into: above glibc's largest adaptive mmap threshold (32 MiB on 64-bit), so
+# every slab is a mapping of its own that goes back to the OS whole when it is dropped.
+SLAB_BYTES = 64 * 2**20
+ALIGN_BYTES = 64  # what torch's CPU allocator aligns tensors to: the same BLAS code paths, the same results
+
+
 class InMemory:
+    """Each kept sequence lives in slabs of SLAB_BYTES, its samples as views into them.
+
+    A tensor per sample (a few MB) would come from glibc's heap once its mmap threshold has adapted; long-lived
+    samples between freed temporaries fragment the heap, and resident memory grew layer by layer: GPTQ on a
+    random Llama at 128 x 512 tokens peaked at 2.4 / 2.8 / 3.2 GB for 2 / 4 / 8 layers."""
     offloaded = False
 
     def keep(self, tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-        return list(tensors)
+        kept, slab, used = [], None, 0
+        for tensor in tensors:
+            tensor = tensor.detach()
+            size, step = tensor.numel(), ALIGN_BYTES // tensor.element_size()
+            if slab is None or slab.dtype != tensor.dtype or used + size > slab.numel():
+                slab, used = torch.empty(max(size, SLAB_BYTES // tensor.element_size()), dtype=tensor.dtype), 0
+            kept.append(slab[used:used + size].view(tensor.shape).copy_(tensor))
+            used += -(-size // step) * step
+        return kept
 
 
 class OnDisk:

@@ -127,6 +127,19 @@ class _Counted(list):
         _Counted.live -= size
 
 
+def test_in_memory_samples_are_aligned_views_packed_into_shared_slabs():
+    torch.manual_seed(0)
+    samples = [torch.randn(length, 24) for length in (40, 7, 33)] + [torch.randint(0, 9, (5,))]
+    kept = InMemory().keep(iter(samples))
+    for original, copy in zip(samples, kept, strict=True):
+        assert copy.dtype == original.dtype and torch.equal(copy, original)
+        assert copy.data_ptr() % activations.ALIGN_BYTES == 0
+    storages = {t.untyped_storage().data_ptr() for t in kept}
+    assert len(storages) == 2  # the float samples share one slab; the integer one gets its own
+    kept[0].zero_()
+    assert torch.equal(kept[1], samples[1])  # neighbours in a slab do not overlap
+
+
 def test_the_activation_estimate_is_near_what_a_gptq_run_holds_at_once(tiny_model):
     from quantkit.models import load_config
 
