@@ -40,24 +40,35 @@ SLAB_BYTES = 64 * 2**20
 ALIGN_BYTES = 64  # what torch's CPU allocator aligns tensors to: the same BLAS code paths, the same results
 
 
-class InMemory:
-    """Each kept sequence lives in slabs of SLAB_BYTES, its samples as views into them.
+class Slabs:
+    """Copies of tensors packed into slabs of SLAB_BYTES, as views aligned to ALIGN_BYTES.
 
-    A tensor per sample (a few MB) would come from glibc's heap once its mmap threshold has adapted; long-lived
-    samples between freed temporaries fragment the heap, and resident memory grew layer by layer: GPTQ on a
-    random Llama at 128 x 512 tokens peaked at 2.4 / 2.8 / 3.2 GB for 2 / 4 / 8 layers."""
+    For tensors of a few MB that live long among freed temporaries (a stage's samples): one of its own would
+    come from glibc's heap once its mmap threshold has adapted, and the heap fragments and grows layer by
+    layer (GPTQ on a random Llama at 128 x 512 tokens peaked at 2.4 / 2.8 / 3.2 GB for 2 / 4 / 8 layers).
+    A slab is a mapping of its own that goes back to the OS whole once no view of it is left."""
+
+    def __init__(self):
+        self._slab: torch.Tensor | None = None
+        self._used = 0
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        size, step = tensor.numel(), ALIGN_BYTES // tensor.element_size()
+        if self._slab is None or self._slab.dtype != tensor.dtype or self._used + size > self._slab.numel():
+            self._slab, self._used = torch.empty(max(size, SLAB_BYTES // tensor.element_size()), dtype=tensor.dtype), 0
+        view = self._slab[self._used:self._used + size].view(tensor.shape).copy_(tensor)
+        self._used += -(-size // step) * step
+        return view
+
+
+class InMemory:
+    """Each kept sequence lives in slabs of its own (see Slabs), its samples as views into them."""
     offloaded = False
 
     def keep(self, tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-        kept, slab, used = [], None, 0
-        for tensor in tensors:
-            tensor = tensor.detach()
-            size, step = tensor.numel(), ALIGN_BYTES // tensor.element_size()
-            if slab is None or slab.dtype != tensor.dtype or used + size > slab.numel():
-                slab, used = torch.empty(max(size, SLAB_BYTES // tensor.element_size()), dtype=tensor.dtype), 0
-            kept.append(slab[used:used + size].view(tensor.shape).copy_(tensor))
-            used += -(-size // step) * step
-        return kept
+        slabs = Slabs()
+        return [slabs.copy(tensor) for tensor in tensors]
 
 
 class OnDisk:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantkit.calibration.observers import rotate_keys
+from quantkit.quantize.activations import Slabs
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
@@ -46,6 +47,7 @@ class StagedLayer:
         # (reuse_rotated=False) q and k are computed again instead.
         self.reuse_rotated = reuse_rotated
         self._rotated: dict[int, tuple] = {}
+        self._rotated_slabs = Slabs()  # they live through a stage among temporaries: packed, see Slabs
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
@@ -73,7 +75,7 @@ class StagedLayer:
         tokens = x.shape[0]
         q, k = self._rotated_qk(x, rotary)
         if self.reuse_rotated:
-            self._rotated[id(x)] = (x, self._qk_weights(), q, k)
+            self._rotated[id(x)] = (x, self._qk_weights(), self._rotated_slabs.copy(q), self._rotated_slabs.copy(k))
         q, k = q[0], k[0]
         group = self.num_heads // self.num_kv_heads
         # Query heads grouped by their KV head, [kv_heads, group, tokens, dim]. Queries go in blocks that score
@@ -103,6 +105,8 @@ class StagedLayer:
     def _take_rotated(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The q and k attention_received made from this very x, if the q/k weights are still the ones it used."""
         entry = self._rotated.pop(id(x), None)
+        if not self._rotated:
+            self._rotated_slabs = Slabs()  # drop the last slab with the last entry
         if entry is None or entry[0] is not x or entry[1] != self._qk_weights():
             return None
         return entry[2], entry[3]
