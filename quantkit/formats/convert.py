@@ -84,7 +84,7 @@ RELEASE_EVERY = 8
 class _ReleasingWeights(Mapping):
     """The source's weights, a module at a time, with freed heap pages handed back every RELEASE_EVERY
     modules: their temporaries come in many sizes, and without it glibc's heap fragments and resident memory
-    ratchets up (a 32-layer random Llama to GPTQ: 1.5-1.9 GB peak, against ~0.45 GB with it)."""
+    ratchets up (a 32-layer random Llama to GPTQ: 1.5-1.9 GB of heap at the peak, against ~0.55 GB with it)."""
 
     def __init__(self, weights: Mapping):
         self._weights = weights
