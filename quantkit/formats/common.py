@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.quantized import QuantizedWeight
+from quantkit.memory import release_freed_memory
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -134,15 +135,27 @@ def _header_names(file: Path) -> list[str]:
         raise QuantkitError(f"{file}: not a readable safetensors file ({exc})") from exc
 
 
+# Modules read between two hand-backs of freed heap pages (one decoder layer of a Llama has 7 linears).
+RELEASE_EVERY = 8
+
+
 class StoredWeights(Mapping):
-    """module name -> its weight, read from disk each time it is asked for (nothing is cached)."""
+    """module name -> its weight, read from disk each time it is asked for (nothing is cached).
+
+    Freed heap pages go back to the OS every RELEASE_EVERY reads: the modules' temporaries come in many
+    sizes, and without it glibc's heap fragments and resident memory ratchets up (`quantkit convert` of a
+    32-layer random Llama to GPTQ: 1.5-1.9 GB of heap at the peak, against ~0.55 GB with it)."""
 
     def __init__(self, modules: list[str], read_module: Callable[[str], object]):
         self._modules, self._read = modules, read_module
+        self._reads = 0
 
     def __getitem__(self, module: str):
         if module not in self._modules:
             raise KeyError(module)
+        self._reads += 1
+        if self._reads % RELEASE_EVERY == 0:
+            release_freed_memory(collect_cycles=False)
         return self._read(module)
 
     def __iter__(self) -> Iterator[str]:

@@ -27,7 +27,6 @@ from quantkit.formats import autoawq, compressed_tensors, float_quantized, gptq
 from quantkit.formats.checkpoints import detect_format, open_checkpoint
 from quantkit.formats.common import StoredCheckpoint, has_permuted_groups, read_json
 from quantkit.formats.quantized import QuantizedWeight
-from quantkit.memory import release_freed_memory
 from quantkit.outdir import atomic_output_dir, check_output_dir
 
 TARGETS = ("compressed-tensors", "autoawq", "gptq")
@@ -69,38 +68,12 @@ def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertRe
     scheme = _survey(source, src, to, _model_dtype(hf_config))
     dense = source.dense()
     with atomic_output_dir(out, overwrite) as staging:
-        notes = WRITERS[to](staging, hf_config, dense, _ReleasingWeights(source.weights()), scheme)
+        notes = WRITERS[to](staging, hf_config, dense, source.weights(), scheme)
         _verify_lossless(staging, to, dense, source, bool(hf_config.get("tie_word_embeddings", False)))
         _copy_side_files(src, staging)
         _write_provenance(src, staging, source_format, to)
     return ConvertResult(out=out, source_format=source_format, target_format=to, num_quantized=len(source.modules),
                          notes=notes)
-
-
-# Modules read between two hand-backs of freed heap pages (one decoder layer of a Llama has 7 linears).
-RELEASE_EVERY = 8
-
-
-class _ReleasingWeights(Mapping):
-    """The source's weights, a module at a time, with freed heap pages handed back every RELEASE_EVERY
-    modules: their temporaries come in many sizes, and without it glibc's heap fragments and resident memory
-    ratchets up (a 32-layer random Llama to GPTQ: 1.5-1.9 GB of heap at the peak, against ~0.55 GB with it)."""
-
-    def __init__(self, weights: Mapping):
-        self._weights = weights
-        self._reads = 0
-
-    def __getitem__(self, module: str):
-        self._reads += 1
-        if self._reads % RELEASE_EVERY == 0:
-            release_freed_memory(collect_cycles=False)
-        return self._weights[module]
-
-    def __iter__(self):
-        return iter(self._weights)
-
-    def __len__(self) -> int:
-        return len(self._weights)
 
 
 def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dtype) -> Scheme:
@@ -109,7 +82,7 @@ def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dty
     if not source.modules:
         raise QuantkitError(f"{src}: no quantized layers found")
     schemes, act_order, scales_exact = set(), False, True
-    for module, weight in _ReleasingWeights(source.weights()).items():
+    for module, weight in source.weights().items():
         if not isinstance(weight, QuantizedWeight):
             raise QuantkitError(f"{src}: {module} is a {type(weight).__name__}, not integer codes; {to} stores "
                                 "integer weight-only layers only", hint="keep this checkpoint as it is")
@@ -146,8 +119,9 @@ def _to_compressed_tensors(out: Path, hf_config: dict, dense: dict, weights: Map
     kv_cache = float_quantized.kv_cache_scheme() if float_quantized.kv_scales(dense) else None
     qcfg = compressed_tensors.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder,
                                                   ignore=_dense_linears(dense), kv_cache_scheme=kv_cache)
-    if scheme.scale_dtype != _model_dtype(hf_config):
-        notes.append(f"scales kept in float16: not all are exact in the model dtype {_model_dtype(hf_config)}; "
+    model_dtype = _model_dtype(hf_config)
+    if scheme.scale_dtype != model_dtype:
+        notes.append(f"scales kept in float16: not all are exact in the model dtype {model_dtype}; "
                      "a loader running in that dtype rounds them")
     compressed_tensors.write_checkpoint(out, hf_config, dense, weights, qcfg, scheme.scale_dtype)
     return notes
@@ -184,10 +158,8 @@ def _verify_lossless(out: Path, to: str, dense: dict[str, torch.Tensor], source:
     for name in written.dense_names:
         if not torch.equal(written.files.load([name])[name], dense[name]):
             raise RuntimeError(f"conversion to {to} changed dense tensor {name} (a quantkit bug)")
-    for number, module in enumerate(written.modules, start=1):
-        if number % RELEASE_EVERY == 0:
-            release_freed_memory(collect_cycles=False)
-        if not torch.equal(written.read_module(module).dequantize(), source.read_module(module).dequantize()):
+    for module, weight in written.weights().items():
+        if not torch.equal(weight.dequantize(), source.read_module(module).dequantize()):
             raise RuntimeError(f"conversion to {to} changed the weight of {module} (a quantkit bug)")
 
 
