@@ -172,18 +172,12 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     config, qconfig, where = find_quant_config(root)
     group_size = weight_scheme(qconfig, where)
     files = TensorFiles(root)
-    stored = stored_checkpoint(config, files, "qweight", TENSORS,
-                               lambda parts, at: read_weight(parts, group_size, where=at), stray=(".qzeros", ".scales"))
-    zeros = [f"{module}.qzeros" for module in stored.modules if f"{module}.qzeros" in files]
-    midpoint = bool(zeros) and all(bool((unpack_awq(files.load([name])[name]) == 2 ** (BITS - 1)).all())
-                                   for name in zeros)
-    if midpoint:
-        read = stored.read_module
+    zeros = [n for n in files.names() if n.endswith(".qzeros") and n.removesuffix("qzeros") + "qweight" in files]
+    symmetric = bool(zeros) and all(bool((unpack_awq(z) == 2 ** (BITS - 1)).all()) for z in files.load(zeros).values())
 
-        def read_symmetric(module: str) -> QuantizedWeight:
-            weight = read(module)
-            weight.symmetric = True
-            return weight
+    def read(parts: dict[str, torch.Tensor], at: str) -> QuantizedWeight:
+        weight = read_weight(parts, group_size, where=at)
+        weight.symmetric = symmetric
+        return weight
 
-        stored.read_module = read_symmetric
-    return stored
+    return stored_checkpoint(config, files, "qweight", TENSORS, read, stray=(".qzeros", ".scales"))

@@ -23,6 +23,8 @@ FORMATS = ("compressed-tensors", "autoawq", "gptq", "dense")
 QUANT_METHODS = {"compressed-tensors": "compressed-tensors", "awq": "autoawq", "gptq": "gptq"}
 # Side files older tools write instead of config.json's quantization_config, and what each implies.
 SIDE_CONFIGS = ((gptq.SIDE_CONFIG, "gptq"), (autoawq.SIDE_CONFIG, "awq"))
+OPENERS = {"compressed-tensors": compressed_tensors.open_checkpoint, "autoawq": autoawq.open_checkpoint,
+           "gptq": gptq.open_checkpoint}
 
 
 def detect_format(path: str | Path) -> str:
@@ -60,7 +62,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
     fmt = detect_format(root)
     if fmt == "dense":
         return read_json(root / "config.json"), load_safetensors(root), {}
-    return open_checkpoint(root).read_all()
+    return OPENERS[fmt](root).read_all()
 
 
 def open_checkpoint(path: str | Path) -> StoredCheckpoint:
@@ -69,6 +71,4 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     fmt = detect_format(root)
     if fmt == "dense":
         raise QuantkitError(f"{root} is a dense checkpoint: it has no quantized weights")
-    openers = {"compressed-tensors": compressed_tensors.open_checkpoint, "autoawq": autoawq.open_checkpoint,
-               "gptq": gptq.open_checkpoint}
-    return openers[fmt](root)
+    return OPENERS[fmt](root)

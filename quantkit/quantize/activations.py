@@ -34,7 +34,7 @@ class ActivationStore(Protocol):
         """Consume the tensors one at a time and return them as an indexable sequence."""
 
 
-# What InMemory packs samples into: above glibc's largest adaptive mmap threshold (32 MiB on 64-bit), so
+# What Slabs packs tensors into: above glibc's largest adaptive mmap threshold (32 MiB on 64-bit), so
 # every slab is a mapping of its own that goes back to the OS whole when it is dropped.
 SLAB_BYTES = 64 * 2**20
 ALIGN_BYTES = 64  # what torch's CPU allocator aligns tensors to: the same BLAS code paths, the same results
