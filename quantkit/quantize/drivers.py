@@ -88,13 +88,14 @@ class StageData:
 
     @classmethod
     def of(cls, inputs: Activations, reference_inputs: Activations | None,
-           token_weights: list[torch.Tensor] | None = None) -> StageData:
-        """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None."""
+           token_weights: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32) -> StageData:
+        """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None.
+        dtype: what the products run in (see gptq.input_hessian)."""
+        hessian = gptq.input_hessian(inputs, token_weights, dtype)
         if reference_inputs is None:
-            return cls(gptq.input_hessian(inputs, token_weights=token_weights))
-        return cls(gptq.input_hessian(inputs, token_weights=token_weights),
-                   gptq.cross_covariance(reference_inputs, inputs, token_weights),
-                   gptq.input_hessian(reference_inputs, token_weights=token_weights))
+            return cls(hessian)
+        return cls(hessian, gptq.cross_covariance(reference_inputs, inputs, token_weights, dtype),
+                   gptq.input_hessian(reference_inputs, token_weights, dtype))
 
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
@@ -108,6 +109,10 @@ class StageData:
 
 
 class GPTQDriver(Driver):
+    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
+        super().__init__(recipe, prefix, scale_dtype, keep)
+        self.hessian_dtype = gptq.resolve_hessian_dtype(recipe.quantization.hessian_dtype)
+
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden: Activations | None = None) -> LayerResult:
         """With ``fp_targets`` and the full-precision model's hidden states, each linear fits (partly) the
@@ -125,7 +130,7 @@ class GPTQDriver(Driver):
             weights = None
             if options.residual_weighted and residual is not None:
                 weights = residual_token_weights(residual, sample_lengths(rotary))
-            data = StageData.of(inputs, reference_inputs, weights)
+            data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype)
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
@@ -174,7 +179,7 @@ class GPTQDriver(Driver):
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
-            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)))
+            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from quantkit import __version__
+from quantkit.algorithms import gptq
 from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import draw_samples
@@ -23,7 +24,7 @@ from quantkit.quantize.activations import (activation_bytes, activation_store, c
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
-from quantkit.recipes import load_recipe
+from quantkit.recipes import Recipe, load_recipe
 
 
 @dataclass
@@ -81,11 +82,19 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
             "model": {"ref": opts.model, "path": str(model_path)},
             "recipe": recipe.name, "calibration": calib_info,
             "versions": {"quantkit": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            "compute": _compute_dtypes(recipe),
             "wall_seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb(), 1),
             "layers": [r.__dict__ for r in summary.reports],
         }
         warnings = writer.finish(summary.ignored, provenance)
     return QuantizeResult(out=opts.out, provenance=provenance, reports=summary.reports, warnings=warnings)
+
+
+def _compute_dtypes(recipe: Recipe) -> dict:
+    """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
+    if recipe.quantization.method != "gptq":
+        return {}
+    return {"hessian": str(gptq.resolve_hessian_dtype(recipe.quantization.hessian_dtype)).removeprefix("torch.")}
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:

@@ -1,7 +1,7 @@
 import torch
 
 from quantkit.algorithms.gptq import (cross_covariance, fp_target_weight, gptq_quantize, input_hessian,
-                                      inverse_hessian_factor, refit_scales, target_errors)
+                                      inverse_hessian_factor, refit_scales, resolve_hessian_dtype, target_errors)
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize
 
 SCHEME = WeightScheme(4, 8, True, torch.float32)
@@ -58,6 +58,48 @@ def test_gptq_beats_rtn_out_of_sample_with_and_without_act_order():
         assert result.weight.g_idx is None  # static groups stay contiguous
         error = (x_test @ (w - result.weight.dequantize()).T).pow(2).mean()
         assert error < 0.7 * rtn_error, (act_order, error, rtn_error)
+
+
+def test_bfloat16_products_give_the_hessian_to_bfloat16_precision():
+    # Channels a thousand times apart, as in a model's massive activations: the error stays at
+    # bfloat16's rounding, entry by entry on the diagonal.
+    torch.manual_seed(0)
+    xs = [torch.randn(300, 200) * torch.logspace(-1, 2, 200) for _ in range(4)]
+    exact = sum(x.double().T @ x.double() for x in xs)
+    for dtype in (torch.float32, torch.bfloat16):
+        h = input_hessian(xs, dtype=dtype)
+        assert h.dtype == torch.float32 and torch.equal(h, h.T)
+        relative = (h.double() - exact).norm() / exact.norm()
+        diagonal = ((h.double().diagonal() - exact.diagonal()) / exact.diagonal()).abs().max()
+        # bfloat16: each input and each sample's product rounds by at most 2^-9, so no entry is off
+        # by more than 3 x 2^-9 = 5.9e-3, and the whole by far less
+        overall, entry = (1e-6, 1e-6) if dtype == torch.float32 else (2e-3, 5.9e-3)
+        assert relative < overall and diagonal < entry, (dtype, relative, diagonal)
+    x_ref = [x + 0.1 * torch.randn_like(x) for x in xs]
+    exact_cross = sum(r.double().T @ x.double() for r, x in zip(x_ref, xs))
+    cross = cross_covariance(x_ref, xs, dtype=torch.bfloat16)
+    assert cross.dtype == torch.float32 and (cross.double() - exact_cross).norm() / exact_cross.norm() < 2e-3
+
+
+def test_gptq_on_a_bfloat16_hessian_is_as_good_as_on_a_float32_one():
+    torch.manual_seed(1)
+    mix = torch.randn(64, 64) / 8
+    x_train, x_test = torch.randn(4000, 64) @ mix, torch.randn(2000, 64) @ mix
+    w = torch.randn(32, 64)
+    errors = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        result = gptq_quantize(w, input_hessian([x_train[:2000], x_train[2000:]], dtype=dtype), SCHEME,
+                               block_size=16, damp=0.1)
+        errors[dtype] = float((x_test @ (w - result.weight.dequantize()).T).pow(2).mean())
+    assert abs(errors[torch.bfloat16] / errors[torch.float32] - 1) < 0.02, errors
+
+
+def test_auto_hessian_dtype_is_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
+    assert resolve_hessian_dtype("float32") == torch.float32
+    assert resolve_hessian_dtype("bfloat16") == torch.bfloat16
+    for amx, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        assert resolve_hessian_dtype("auto") == expected
 
 
 def test_dead_inputs_zero_their_columns():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
+from quantkit.algorithms.gptq import resolve_hessian_dtype
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.models import load_model
 from quantkit.quantize.drivers import AWQDriver
@@ -53,6 +54,14 @@ def test_transformers_loads_the_checkpoint_with_our_logits(checkpoints, recipe):
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if not r.startswith("rtn")])
 def test_methods_beat_rounding_on_every_layer_on_average(checkpoints, recipe):
     assert_beats_rounding(checkpoints[recipe][1], linears=2 * 7)
+
+
+def test_provenance_says_what_the_hessians_ran_in_on_this_machine(checkpoints):
+    compute = {recipe: json.loads((path / "quantkit.json").read_text())["compute"]
+               for recipe, (path, _) in checkpoints.items()}
+    here = str(resolve_hessian_dtype("auto")).removeprefix("torch.")
+    assert compute["gptq-w4a16-g64"] == {"hessian": here}
+    assert compute["rtn-w4a16-g64"] == {} and compute["awq-w4a16-g64"] == {}
 
 
 def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_model):
