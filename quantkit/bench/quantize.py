@@ -53,7 +53,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
             for recipe in recipes:
                 out = work / f"{Path(recipe).stem}{suffix}"  # a recipe may be a YAML path
                 row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
-                rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed})
+                rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed,
+                                   "method": load_recipe(recipe).quantization.method})
             for method in peer_methods:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
@@ -64,9 +65,20 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
         # the 95% interval of a paired bootstrap over the evaluation chunks
         increase = perplexity_increase_pct(baseline["nll"], ppl[row["path"]]["nll"], baseline["counts"])
         row["delta"], row["delta_low"], row["delta_high"] = (x / 100 for x in (increase.value, increase.low, increase.high))
+    add_peer_time_ratios(rows)
     _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, baseline["perplexity"],
            rows, seeds)
     return rows
+
+
+def add_peer_time_ratios(rows: list[dict]) -> None:
+    """Each quantkit row's wall time over the peer's for the same method on the same calibration draw
+    (``peer_time_ratio``), where the peer ran that method: the issue's speed goals are such ratios."""
+    peer_wall = {(r["method"], r["seed"]): r["wall_s"] for r in rows if "peer" in r}
+    for row in rows:
+        peer = peer_wall.get((row["method"], row["seed"])) if "peer" not in row else None
+        if peer:
+            row["peer_time_ratio"] = row["wall_s"] / peer
 
 
 def summarize_over_seeds(rows: list[dict]) -> list[dict]:
@@ -115,16 +127,20 @@ def _print(console, model, calib, eval_set, n, length, threads, base, rows, seed
     from rich.table import Table
 
     several = len(seeds) > 1
+    ratios = any("peer_time_ratio" in row for row in rows)
     table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on {eval_set}, "
                         f"{threads} thread(s)")
     for column in ("method", *(["seed"] if several else []), "wall s", "peak RSS MB", "perplexity",
-                   "vs fp16 [95% interval]"):
+                   "vs fp16 [95% interval]", *(["x peer's time"] if ratios else [])):
         table.add_column(column)
-    table.add_row("fp16 baseline", *(["-"] if several else []), "-", "-", f"{base:.3f}", "1.00x")
+    table.add_row("fp16 baseline", *(["-"] if several else []), "-", "-", f"{base:.3f}", "1.00x",
+                  *(["-"] if ratios else []))
     for row in rows:
+        ratio = f"{row['peer_time_ratio']:.2f}x" if "peer_time_ratio" in row else "-"
         table.add_row(row["name"], *([str(row["seed"])] if several else []), f"{row['wall_s']:.1f}",
                       f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
-                      f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]")
+                      f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]",
+                      *([ratio] if ratios else []))
     console.print(table)
     report = {"baseline_perplexity": base, "rows": rows}
     if several:

@@ -49,3 +49,21 @@ def test_several_seeds_draw_several_calibration_sets_and_summarize_each_method(t
     assert math.isclose(summary["delta_mean"], sum(deltas) / 2)
     assert (summary["delta_min"], summary["delta_max"]) == (min(deltas), max(deltas))
     assert "over calibration seeds 0, 5" in out.getvalue()
+
+
+def test_each_row_gets_its_time_over_the_peers_for_the_same_method_and_draw():
+    from quantkit.bench.quantize import _print, add_peer_time_ratios
+
+    def row(name, method, seed, wall, **extra):
+        return {"name": name, "method": method, "seed": seed, "wall_s": wall, "peak_rss_mb": 1.0,
+                "perplexity": 30.0, "delta": 0.1, "delta_low": 0.09, "delta_high": 0.11, **extra}
+
+    rows = [row("quantkit gptq", "gptq", 0, 200.0), row("quantkit gptq", "gptq", 1, 300.0),
+            row("quantkit rtn", "rtn", 0, 9.0), row("quantkit awq", "awq", 0, 50.0),
+            row("llm-compressor gptq", "gptq", 0, 400.0, peer="llm-compressor"),
+            row("llm-compressor gptq", "gptq", 1, 500.0, peer="llm-compressor")]
+    add_peer_time_ratios(rows)
+    assert [r.get("peer_time_ratio") for r in rows] == [0.5, 0.6, None, None, None, None]
+    out = io.StringIO()
+    _print(Console(file=out, width=200), "m", "c", "e", 4, 64, 1, 27.0, rows, [0, 1])
+    assert "x peer's time" in out.getvalue() and "0.50x" in out.getvalue() and "0.60x" in out.getvalue()
