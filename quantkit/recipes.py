@@ -75,8 +75,9 @@ class GPTQMethod(_Strict):
     residual_weighted: bool = False
     # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
     refit_scales: bool = False
-    # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
-    # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine's BLAS path
+    # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively, except
+    # with fp_targets (see algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every
+    # machine that runs the same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
 

@@ -29,12 +29,13 @@ class GPTQResult:
 BLOCK_ROWS = {torch.float32: 128, torch.bfloat16: 192}
 
 
-def resolve_hessian_dtype(choice: str) -> torch.dtype:
+def resolve_hessian_dtype(choice: str, fp_targets: bool = False) -> torch.dtype:
     """A recipe's ``hessian_dtype``: "auto" is bfloat16 where the CPU multiplies it natively (AMX: 2.5x
-    float32's speed on the Hessians), float32 elsewhere (bfloat16 would be emulated, and slower)."""
+    float32's speed on the Hessians), float32 elsewhere (bfloat16 would be emulated, and slower), and
+    float32 for fp_targets, the accuracy-first recipes (measured worse in bfloat16: docs/quantization.md)."""
     if choice == "auto":
         amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-        return torch.bfloat16 if amx() else torch.float32
+        return torch.bfloat16 if amx() and not fp_targets else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
 
 
@@ -58,16 +59,19 @@ def input_hessian(inputs: list[torch.Tensor], token_weights: list[torch.Tensor] 
     return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
 
 
-def cross_covariance(reference_inputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                     token_weights: list[torch.Tensor] | None = None,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """D = sum of x_ref^T x over paired tokens (each weighted by w_t when token_weights are given): the
-    full-precision model's inputs against the quantized one's. dtype: as for input_hessian."""
+def input_error_cross(reference_inputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                      token_weights: list[torch.Tensor] | None = None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """C = sum of (x_ref - x)^T x over paired tokens (each weighted by w_t when token_weights are given):
+    how the error earlier quantized layers left in the inputs lines up with the inputs. The cross product
+    D = x_ref^T x is H + C; C is formed from the difference in float32 first, so bfloat16 products
+    round it relative to its own size, not to H's, which it differs from by a few percent."""
     width = inputs[0].shape[-1]
     cross = torch.zeros(width, width)
     for i, (x_ref, x) in enumerate(zip(reference_inputs, inputs)):
-        cross += (_weighted_rows(x_ref.reshape(-1, width).float(), token_weights, i).to(dtype).T
-                  @ _weighted_rows(x.reshape(-1, width).float(), token_weights, i).to(dtype))
+        x = _weighted_rows(x.reshape(-1, width).float(), token_weights, i)
+        error = _weighted_rows(x_ref.reshape(-1, width).float(), token_weights, i) - x
+        cross += error.to(dtype).T @ x.to(dtype)
     return cross
 
 
@@ -77,29 +81,30 @@ def _weighted_rows(x: torch.Tensor, token_weights: list[torch.Tensor] | None, in
     return x if token_weights is None else x * token_weights[index].sqrt()[:, None]
 
 
-def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, damp: float) -> torch.Tensor:
+def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, error_cross: torch.Tensor,
+                     damp: float) -> torch.Tensor:
     """The weight V that best maps the quantized model's inputs X to the full-precision outputs X_ref W^T:
-    argmin ||X_ref W^T - X V^T||^2 + lam ||V - W||^2 = W (D + lam I)(H + lam I)^-1, D = X_ref^T X,
-    lam = damp * mean(diag H). Because V solves the normal equations, ||X_ref W^T - X Q^T||^2 =
-    const + ||X (V - Q)^T||^2 for every Q: GPTQ on V with H minimizes the error against the
-    full-precision outputs, correcting what earlier quantized layers left in the input (asymmetric
-    calibration, as GPTAQ). With D = H (no earlier error) V = W."""
+    argmin ||X_ref W^T - X V^T||^2 + lam ||V - W||^2 = W (D + lam I)(H + lam I)^-1, D = X_ref^T X = H + C
+    (C: input_error_cross), so V = W + W C (H + lam I)^-1, lam = damp * mean(diag H). Because V solves the
+    normal equations, ||X_ref W^T - X Q^T||^2 = const + ||X (V - Q)^T||^2 for every Q: GPTQ on V with H
+    minimizes the error against the full-precision outputs, correcting what earlier quantized layers
+    left in the input (asymmetric calibration, as GPTAQ). With no earlier error (C = 0) V = W."""
     lam = damp * float(hessian.diagonal().mean())
     eye = torch.eye(hessian.shape[0], dtype=torch.float32)
-    # V (H + lam I) = W (D + lam I)  <=>  (H + lam I) V^T = (D + lam I)^T W^T   (H symmetric)
-    rhs = (cross.float() + lam * eye).T @ weight.float().T
+    # V = W + Y^T with (H + lam I) Y = C^T W^T   (H symmetric)
     lower = torch.linalg.cholesky(hessian.float() + lam * eye)
-    return torch.cholesky_solve(rhs, lower).T.contiguous()
+    correction = torch.cholesky_solve(error_cross.float().T @ weight.float().T, lower)
+    return (weight.float() + correction.T).contiguous()
 
 
 def target_errors(weight: torch.Tensor, approxes: list[torch.Tensor], reference_hessian: torch.Tensor,
-                  cross: torch.Tensor, hessian: torch.Tensor) -> tuple[float, list[float]]:
+                  error_cross: torch.Tensor, hessian: torch.Tensor) -> tuple[float, list[float]]:
     """The full-precision output energy tr(W H_ref W^T), and for each A the error against it,
-    ||X_ref W^T - X A^T||^2 = tr(W H_ref W^T) - 2 tr(W D A^T) + tr(A H A^T), sharing the terms of W.
-    Products in float32, their sums in float64: the error is a difference of large terms."""
+    ||X_ref W^T - X A^T||^2 = tr(W H_ref W^T) - 2 tr(W D A^T) + tr(A H A^T), D = H + C, sharing the
+    terms of W. Products in float32, their sums in float64: the error is a difference of large terms."""
     w = weight.float()
     energy = ((w @ reference_hessian) * w).double().sum()
-    w_cross = w @ cross
+    w_cross = w @ (hessian + error_cross)
     return float(energy), [float(energy - 2 * (w_cross * a).double().sum() + ((a.float() @ hessian) * a).double().sum())
                            for a in approxes]
 

@@ -81,9 +81,10 @@ class RTNDriver(Driver):
 @dataclass
 class StageData:
     """What GPTQ needs of one stage's inputs. With full-precision targets, also the full-precision
-    model's inputs to the same stage (reference): their Gram matrix and their cross product with ours."""
+    model's inputs to the same stage (reference): their Gram matrix, and how the error in ours lines up
+    with ours (gptq.input_error_cross)."""
     hessian: torch.Tensor
-    cross: torch.Tensor | None = None
+    error_cross: torch.Tensor | None = None
     reference_hessian: torch.Tensor | None = None
 
     @classmethod
@@ -94,16 +95,16 @@ class StageData:
         hessian = gptq.input_hessian(inputs, token_weights, dtype)
         if reference_inputs is None:
             return cls(hessian)
-        return cls(hessian, gptq.cross_covariance(reference_inputs, inputs, token_weights, dtype),
+        return cls(hessian, gptq.input_error_cross(reference_inputs, inputs, token_weights, dtype),
                    gptq.input_hessian(reference_inputs, token_weights, dtype))
 
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
         same inputs, or with reference inputs against the full-precision model's output."""
-        if self.cross is None:
+        if self.error_cross is None:
             return relative_errors(original, self.hessian, scheme, effective)
         energy, (rtn, method) = gptq.target_errors(original, [fake_quantize(original, scheme), effective],
-                                                   self.reference_hessian, self.cross, self.hessian)
+                                                   self.reference_hessian, self.error_cross, self.hessian)
         energy = max(energy, 1e-30)
         return rtn / energy, method / energy
 
@@ -111,7 +112,8 @@ class StageData:
 class GPTQDriver(Driver):
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
         super().__init__(recipe, prefix, scale_dtype, keep)
-        self.hessian_dtype = gptq.resolve_hessian_dtype(recipe.quantization.hessian_dtype)
+        options = recipe.quantization
+        self.hessian_dtype = gptq.resolve_hessian_dtype(options.hessian_dtype, options.fp_targets > 0)
 
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden: Activations | None = None) -> LayerResult:
@@ -157,8 +159,8 @@ class GPTQDriver(Driver):
 
     def _quantize(self, weight: torch.Tensor, data: StageData) -> tuple[QuantizedWeight, str]:
         options = self.recipe.quantization
-        if data.cross is not None:
-            target = gptq.fp_target_weight(weight, data.hessian, data.cross, options.dampening)
+        if data.error_cross is not None:
+            target = gptq.fp_target_weight(weight, data.hessian, data.error_cross, options.dampening)
             weight = weight + options.fp_targets * (target - weight)
         done = gptq.gptq_quantize(weight, data.hessian, self.scheme, block_size=options.block_size,
                                   damp=options.dampening, act_order=options.act_order, mse=options.mse)

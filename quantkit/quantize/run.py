@@ -94,7 +94,9 @@ def _compute_dtypes(recipe: Recipe) -> dict:
     """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
     if recipe.quantization.method != "gptq":
         return {}
-    return {"hessian": str(gptq.resolve_hessian_dtype(recipe.quantization.hessian_dtype)).removeprefix("torch.")}
+    options = recipe.quantization
+    dtype = gptq.resolve_hessian_dtype(options.hessian_dtype, options.fp_targets > 0)
+    return {"hessian": str(dtype).removeprefix("torch.")}
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:
