@@ -20,6 +20,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantkit.algorithms.gptq import resolve_hessian_dtype
 from quantkit.algorithms.rtn import WeightScheme
 from quantkit.errors import QuantkitError
 from quantkit.yaml_files import load_yaml_model
@@ -79,6 +80,10 @@ class GPTQMethod(_Strict):
     # with fp_targets (see algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every
     # machine that runs the same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+    def hessian_torch_dtype(self) -> torch.dtype:
+        """What hessian_dtype resolves to on this machine."""
+        return resolve_hessian_dtype(self.hessian_dtype, self.fp_targets > 0)
 
 
 class FP8Method(_Strict):

@@ -40,8 +40,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     path = resolve_model(model)
     seeds = seeds or [0]
     # The peer runs each method the chosen recipes use, on the same tokens.
-    recipe_methods = {load_recipe(r).quantization.method for r in recipes} if peers else set()
-    peer_methods = [m for m in PEER_METHODS if m in recipe_methods]
+    recipe_methods = {r: load_recipe(r).quantization.method for r in recipes}
+    peer_methods = [m for m in PEER_METHODS if m in recipe_methods.values()] if peers else []
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
                 out = work / f"{Path(recipe).stem}{suffix}"  # a recipe may be a YAML path
                 row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
                 rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed,
-                                   "method": load_recipe(recipe).quantization.method})
+                                   "method": recipe_methods[recipe]})
             for method in peer_methods:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})

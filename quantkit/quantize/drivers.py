@@ -112,8 +112,7 @@ class StageData:
 class GPTQDriver(Driver):
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
         super().__init__(recipe, prefix, scale_dtype, keep)
-        options = recipe.quantization
-        self.hessian_dtype = gptq.resolve_hessian_dtype(options.hessian_dtype, options.fp_targets > 0)
+        self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
 
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden: Activations | None = None) -> LayerResult:

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from quantkit import __version__
-from quantkit.algorithms import gptq
 from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import draw_samples
@@ -94,9 +93,7 @@ def _compute_dtypes(recipe: Recipe) -> dict:
     """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
     if recipe.quantization.method != "gptq":
         return {}
-    options = recipe.quantization
-    dtype = gptq.resolve_hessian_dtype(options.hessian_dtype, options.fp_targets > 0)
-    return {"hessian": str(dtype).removeprefix("torch.")}
+    return {"hessian": str(recipe.quantization.hessian_torch_dtype()).removeprefix("torch.")}
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:
