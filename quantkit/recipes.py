@@ -71,6 +71,9 @@ class GPTQMethod(_Strict):
     # full-precision model's output (1): the error earlier quantized layers left in the input is then
     # corrected too (asymmetric calibration, as GPTAQ). A full fit over-fits the calibration tokens.
     fp_targets: float = Field(0.0, ge=0, le=1)
+    # how many calibration samples (evenly spaced) the full-precision stream runs on for fp_targets; 0 = all.
+    # The correction is estimated from them and applied to every linear fitted on all samples.
+    fp_target_samples: int = Field(0, ge=0)
     # o_proj / down_proj errors count relative to the residual stream they are added to (see
     # quantize.staged.residual_token_weights)
     residual_weighted: bool = False
@@ -80,6 +83,7 @@ class GPTQMethod(_Strict):
     # with fp_targets (see algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every
     # machine that runs the same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    forward_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def hessian_torch_dtype(self) -> torch.dtype:
         """What hessian_dtype resolves to on this machine."""

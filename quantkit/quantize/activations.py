@@ -149,11 +149,11 @@ def activation_store(offload_dir: Path | None) -> Iterator[ActivationStore]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def activation_bytes(hidden_size: int, intermediate_size: int, tokens: int, paired: bool = False) -> int:
+def activation_bytes(hidden_size: int, intermediate_size: int, tokens: int, reference_tokens: int = 0) -> int:
     """About the most a layer's stages hold at once, in float32: the layer's inputs, the stream after
-    attention, the layer's outputs being made (each hidden wide) and the MLP's gated activations;
-    twice with a full-precision stream beside the quantized one (GPTQ fp_targets)."""
-    return (3 * hidden_size + intermediate_size) * tokens * 4 * (2 if paired else 1)
+    attention, the layer's outputs being made (each hidden wide) and the MLP's gated activations, for
+    the calibration tokens and for those of a full-precision stream beside them (GPTQ fp_targets)."""
+    return (3 * hidden_size + intermediate_size) * (tokens + reference_tokens) * 4
 
 
 def warn_if_activations_outgrow_memory(needed: int, offloaded: bool) -> None:

@@ -26,7 +26,8 @@ from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
 from quantkit.quantize.staged import (STAGES, Activations, Keep, Rotary, StagedLayer, gather_tokens,
-                                      residual_token_weights, run_paired_stages, run_stages, sample_lengths)
+                                      evenly_spaced, residual_token_weights, run_paired_stages, run_stages,
+                                      sample_lengths)
 from quantkit.recipes import Recipe
 
 
@@ -60,12 +61,19 @@ class Driver:
         """keep: how the layer's stages hold their per-sample activations (in memory, or on disk)."""
         self.recipe, self.prefix, self.scale_dtype, self.keep = recipe, prefix, scale_dtype, keep
         self.scheme = recipe.weights.scheme(scale_dtype)
+        self.forward_dtype = torch.float32  # what the layer's linears multiply in while it runs (StagedLayer)
 
     def targets(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
 
+    def reference_picks(self, num_samples: int) -> list[int] | None:
+        """Which calibration samples the full-precision model's stream should run on for this driver
+        (None: it reads no such stream)."""
+        return None
+
     def quantize_layer(self, staged: StagedLayer, hidden, rotary, reference_hidden=None) -> LayerResult:
-        """reference_hidden: the full-precision model's inputs to this layer (only GPTQ fp_targets reads them)."""
+        """reference_hidden: the full-precision model's inputs to this layer, for the samples that
+        reference_picks named (only GPTQ fp_targets reads them)."""
         raise NotImplementedError
 
 
@@ -89,14 +97,21 @@ class StageData:
 
     @classmethod
     def of(cls, inputs: Activations, reference_inputs: Activations | None,
-           token_weights: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32) -> StageData:
+           token_weights: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
+           reference_picks: list[int] | None = None) -> StageData:
         """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None.
-        dtype: what the products run in (see gptq.input_hessian)."""
+        dtype: what the products run in (see gptq.input_hessian). reference_picks: the samples of
+        ``inputs`` that ``reference_inputs`` pair with (default: all); their products are scaled up to
+        all samples' token count, as estimates of the sums over all of them."""
         hessian = gptq.input_hessian(inputs, token_weights, dtype)
         if reference_inputs is None:
             return cls(hessian)
-        return cls(hessian, gptq.input_error_cross(reference_inputs, inputs, token_weights, dtype),
-                   gptq.input_hessian(reference_inputs, token_weights, dtype))
+        picks = reference_picks if reference_picks is not None else list(range(len(inputs)))
+        paired = [inputs[i] for i in picks]
+        weights = None if token_weights is None else [token_weights[i] for i in picks]
+        scale = sum(x.shape[0] for x in inputs) / sum(x.shape[0] for x in paired)
+        return cls(hessian, gptq.input_error_cross(reference_inputs, paired, weights, dtype) * scale,
+                   gptq.input_hessian(reference_inputs, weights, dtype) * scale)
 
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
@@ -113,6 +128,11 @@ class GPTQDriver(Driver):
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
         super().__init__(recipe, prefix, scale_dtype, keep)
         self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
+        self.forward_dtype = getattr(torch, recipe.quantization.forward_dtype)
+
+    def reference_picks(self, num_samples: int) -> list[int] | None:
+        options = self.recipe.quantization
+        return evenly_spaced(options.fp_target_samples, num_samples) if options.fp_targets > 0 else None
 
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden: Activations | None = None) -> LayerResult:
@@ -121,6 +141,7 @@ class GPTQDriver(Driver):
         as ``reference_outputs`` for the next layer."""
         options = self.recipe.quantization
         result = LayerResult(outputs=None)
+        picks = self.reference_picks(len(hidden))
 
         def quantize_stage(names: tuple[str, ...], inputs: Activations,
                            reference_inputs: Activations | None = None,
@@ -131,12 +152,12 @@ class GPTQDriver(Driver):
             weights = None
             if options.residual_weighted and residual is not None:
                 weights = residual_token_weights(residual, sample_lengths(rotary))
-            data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype)
+            data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype, picks)
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
                 if name == "self_attn.v_proj":
-                    weight, note = self._quantize_values(staged, original, inputs, reference_inputs, rotary)
+                    weight, note = self._quantize_values(staged, original, inputs, reference_inputs, rotary, picks)
                 else:
                     weight, note = self._quantize(original, data)
                 dequantized = weight.dequantize()
@@ -145,11 +166,12 @@ class GPTQDriver(Driver):
                 result.reports.append(LinearReport(
                     f"{self.prefix}.{name}", "gptq", *data.relative_errors(original, self.scheme, dequantized), note))
 
-        if options.fp_targets > 0 and reference_hidden is not None:
+        if picks is not None and reference_hidden is not None:
             reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
-                                    staged.head_dim, reuse_rotated=staged.reuse_rotated)
+                                    staged.head_dim, reuse_rotated=staged.reuse_rotated,
+                                    compute_dtype=staged.compute_dtype)
             result.outputs, result.reference_outputs = run_paired_stages(
-                staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep)
+                staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep, picks)
         else:
             result.outputs = run_stages(staged, hidden, rotary,
                                         lambda names, inputs, residual: quantize_stage(names, inputs, None, residual),
@@ -170,8 +192,8 @@ class GPTQDriver(Driver):
         return done.weight, note
 
     def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: Activations,
-                         reference_inputs: Activations | None,
-                         rotary: list[Rotary]) -> tuple[QuantizedWeight, str]:
+                         reference_inputs: Activations | None, rotary: list[Rotary],
+                         picks: list[int] | None) -> tuple[QuantizedWeight, str]:
         """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
         a plain Hessian counts an attention-sink token once, although most queries read its value."""
         lengths = sample_lengths(rotary)
@@ -180,7 +202,8 @@ class GPTQDriver(Driver):
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
-            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype)
+            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype,
+                                picks)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)

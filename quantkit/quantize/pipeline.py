@@ -72,19 +72,22 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     if recipe.needs_calibration and not samples:
         raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
                             hint="pass --calib DIR or --dataset SET")
-    hidden = rotary = None
+    hidden = rotary = reference_hidden = None
     if recipe.needs_calibration:
         hidden = activations.keep(h[0] for h in model.embed_each(samples))
         rotary = _rotary_by_sample(model, samples)
-    # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets).
-    reference_hidden = hidden
+        # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets), on
+        # the samples they ask for.
+        picks = reference_picks(recipe, len(samples))
+        if picks is not None:
+            reference_hidden = activations.keep(hidden[i] for i in picks)
     summary = QuantizeSummary()
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
-            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                                 reuse_rotated=not activations.offloaded)
             driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
+            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
+                                 reuse_rotated=not activations.offloaded, compute_dtype=driver.forward_dtype)
             done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:
@@ -92,8 +95,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
                 dense.update(_kv_scales(staged, prefix, hidden, rotary))
                 if done.outputs is None:  # a driver without data: the next layer still needs inputs
                     done.outputs = activations.keep(staged.forward(h, r) for h, r in zip(hidden, rotary))
-            hidden = done.outputs
-            reference_hidden = done.reference_outputs if done.reference_outputs is not None else hidden
+            hidden, reference_hidden = done.outputs, done.reference_outputs
             for name, tensor in layer.state_dict().items():
                 module, kind = name.rsplit(".", 1)
                 if module not in done.quantized or kind != "weight":  # a quantized linear's bias stays dense
@@ -108,6 +110,11 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             on_layer(index + 1, model.num_layers)
     sink(_outside_layers(model), {})
     return summary
+
+
+def reference_picks(recipe: Recipe, num_samples: int) -> list[int] | None:
+    """The calibration samples the recipe's method runs the full-precision model's stream on, or None."""
+    return DRIVERS[recipe.quantization.method](recipe, "model.layers.0").reference_picks(num_samples)
 
 
 def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -22,7 +22,7 @@ from quantkit.quantize.activations import (activation_bytes, activation_store, c
                                           warn_if_activations_outgrow_memory)
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
-from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model
+from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model, reference_picks
 from quantkit.recipes import Recipe, load_recipe
 
 
@@ -66,8 +66,9 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     if recipe.needs_calibration:
         samples, calib_info = _calibration_samples(opts, model_path)
     if samples:
+        picks = reference_picks(recipe, len(samples)) or []
         needed = activation_bytes(config.hidden_size, config.intermediate_size, sum(map(len, samples)),
-                                  paired=getattr(recipe.quantization, "fp_targets", 0) > 0)
+                                  reference_tokens=sum(len(samples[i]) for i in picks))
         warn_if_activations_outgrow_memory(needed, offloaded=opts.offload_dir is not None)
     with atomic_output_dir(opts.out, opts.overwrite) as staging, activation_store(opts.offload_dir) as activations:
         # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.

@@ -37,7 +37,9 @@ RECEIVED_QUERY_BLOCK = 128  # queries per block in attention_received
 
 class StagedLayer:
     def __init__(self, layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int,
-                 reuse_rotated: bool = True):
+                 reuse_rotated: bool = True, compute_dtype: torch.dtype = torch.float32):
+        """compute_dtype: what the linears multiply in (their inputs and a copy of their weights rounded to
+        it, the outputs back in the activations' dtype); attention and norms stay in the activations' dtype."""
         self.layer = layer
         self.attn, self.mlp = layer.self_attn, layer.mlp
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -48,9 +50,26 @@ class StagedLayer:
         self.reuse_rotated = reuse_rotated
         self._rotated: dict[int, tuple] = {}
         self._rotated_slabs = Slabs()  # they live through a stage among temporaries: packed, see Slabs
+        self.compute_dtype = compute_dtype
+        # id(linear) -> (its weight then, (data_ptr, version), the weight in compute_dtype). Holding the weight
+        # keeps its memory from being reused by a replacement, so the key cannot match a new weight.
+        self._cast_weights: dict[int, tuple] = {}
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
+
+    def _apply(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """linear(x), multiplied in compute_dtype."""
+        if self.compute_dtype == x.dtype:
+            return linear(x)
+        weight = linear.weight
+        key = (weight.data_ptr(), weight._version)
+        cached = self._cast_weights.get(id(linear))
+        if cached is None or cached[1] != key:
+            cached = (weight.detach(), key, weight.detach().to(self.compute_dtype))
+            self._cast_weights[id(linear)] = cached
+        out = F.linear(x.to(self.compute_dtype), cached[2]).to(x.dtype)
+        return out if linear.bias is None else out + linear.bias
 
     @torch.no_grad()
     def attention_input(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -61,7 +80,7 @@ class StagedLayer:
         """softmax(q k^T / sqrt(d)) v for one sample, causal, GQA; returns the o_proj input [tokens, heads*dim]."""
         tokens = x.shape[0]
         q, k = self._take_rotated(x) or self._rotated_qk(x, rotary)
-        v = self.attn.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        v = self._apply(self.attn.v_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.attn.scaling,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
@@ -94,8 +113,8 @@ class StagedLayer:
     def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k after rotary, [1, heads, tokens, dim]."""
         tokens = x.shape[0]
-        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
-        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        q = self._apply(self.attn.q_proj, x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k = self._apply(self.attn.k_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         return rotate_keys(q, *rotary), rotate_keys(k, *rotary)
 
     def _qk_weights(self) -> tuple[tuple[int, int], ...]:
@@ -124,7 +143,7 @@ class StagedLayer:
     @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention."""
-        return hidden + self.attn.o_proj(attended)
+        return hidden + self._apply(self.attn.o_proj, attended)
 
     @torch.no_grad()
     def mlp_input(self, residual: torch.Tensor) -> torch.Tensor:
@@ -133,11 +152,11 @@ class StagedLayer:
     @torch.no_grad()
     def mlp_core(self, x: torch.Tensor) -> torch.Tensor:
         """act(gate(x)) * up(x): the down_proj input."""
-        return self.mlp.act_fn(self.mlp.gate_proj(x)) * self.mlp.up_proj(x)
+        return self.mlp.act_fn(self._apply(self.mlp.gate_proj, x)) * self._apply(self.mlp.up_proj, x)
 
     @torch.no_grad()
     def output(self, residual: torch.Tensor, gated: torch.Tensor) -> torch.Tensor:
-        return residual + self.mlp.down_proj(gated)
+        return residual + self._apply(self.mlp.down_proj, gated)
 
     def forward(self, hidden: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """The whole layer for one sample, stage after stage."""
@@ -166,41 +185,51 @@ def run_stages(staged: StagedLayer, hidden: Activations, rotary: list[Rotary], b
                keep: Keep = list) -> Activations:
     """Run a layer over all samples, calling ``before_stage(linear names, their inputs, residual)`` before
     each group of linears is used, so the hook may inspect or replace their weights first."""
-    return _run_streams([(staged, hidden)], rotary,
+    return _run_streams([(staged, hidden, rotary)],
                         lambda names, inputs, residual: before_stage(names, inputs[0], residual), keep)[0]
 
 
 def run_paired_stages(staged: StagedLayer, reference: StagedLayer, hidden: Activations,
                       reference_hidden: Activations, rotary: list[Rotary], before_stage: PairedStageHook,
-                      keep: Keep = list) -> tuple[Activations, Activations]:
+                      keep: Keep = list, reference_picks: list[int] | None = None) -> tuple[Activations, Activations]:
     """Run the layer being quantized on its inputs and an untouched copy of it on the full-precision
     model's inputs, side by side: ``before_stage(names, inputs, reference_inputs, residual)`` sees both
-    inputs of each stage, so a method can fit the full-precision outputs. Returns both streams' outputs."""
+    inputs of each stage, so a method can fit the full-precision outputs. reference_picks: which samples
+    the reference stream holds (default: all). Returns both streams' outputs."""
+    reference_rotary = rotary if reference_picks is None else [rotary[i] for i in reference_picks]
     outputs, reference_outputs = _run_streams(
-        [(staged, hidden), (reference, reference_hidden)], rotary,
+        [(staged, hidden, rotary), (reference, reference_hidden, reference_rotary)],
         lambda names, inputs, residual: before_stage(names, inputs[0], inputs[1], residual), keep)
     return outputs, reference_outputs
 
 
-def _run_streams(streams: list[tuple[StagedLayer, Activations]], rotary: list[Rotary],
-                 before_stage: Callable, keep: Keep) -> list[Activations]:
-    """Each stream is (layer, its per-sample inputs); every stage runs for all streams before the hook,
-    which gets the first stream's residual."""
-    x = [keep(layer.attention_input(h) for h in hidden) for layer, hidden in streams]
+def _run_streams(streams: list[tuple[StagedLayer, Activations, list[Rotary]]], before_stage: Callable,
+                 keep: Keep) -> list[Activations]:
+    """Each stream is (layer, its per-sample inputs, their rotary tables); every stage runs for all streams
+    before the hook, which gets the first stream's residual."""
+    x = [keep(layer.attention_input(h) for h in hidden) for layer, hidden, _ in streams]
     before_stage(STAGES[0], x, None)
-    attended = [keep(layer.attention_core(xi, r) for xi, r in zip(xs, rotary)) for (layer, _), xs in zip(streams, x)]
+    attended = [keep(layer.attention_core(xi, r) for xi, r in zip(xs, rotary))
+                for (layer, _, rotary), xs in zip(streams, x)]
     del x
     before_stage(STAGES[1], attended, streams[0][1])
     residual = [keep(layer.attention_output(h, a) for h, a in zip(hidden, att))
-                for (layer, hidden), att in zip(streams, attended)]
+                for (layer, hidden, _), att in zip(streams, attended)]
     del attended
-    x = [keep(layer.mlp_input(r) for r in res) for (layer, _), res in zip(streams, residual)]
+    x = [keep(layer.mlp_input(r) for r in res) for (layer, _, _), res in zip(streams, residual)]
     before_stage(STAGES[2], x, None)
-    gated = [keep(layer.mlp_core(xi) for xi in xs) for (layer, _), xs in zip(streams, x)]
+    gated = [keep(layer.mlp_core(xi) for xi in xs) for (layer, _, _), xs in zip(streams, x)]
     del x
     before_stage(STAGES[3], gated, residual[0])
     return [keep(layer.output(r, g) for r, g in zip(res, gat))
-            for (layer, _), res, gat in zip(streams, residual, gated)]
+            for (layer, _, _), res, gat in zip(streams, residual, gated)]
+
+
+def evenly_spaced(count: int, total: int) -> list[int]:
+    """``count`` indices spread evenly over range(total) (all of them when count is 0 or >= total)."""
+    if count <= 0 or count >= total:
+        return list(range(total))
+    return [i * total // count for i in range(count)]
 
 
 def sample_lengths(rotary: list[Rotary]) -> list[int]:

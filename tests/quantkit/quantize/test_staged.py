@@ -3,7 +3,7 @@ import torch
 
 from quantkit.algorithms.gptq import input_hessian
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.quantize.staged import (STAGES, StagedLayer, gather_tokens, residual_token_weights, run_paired_stages,
+from quantkit.quantize.staged import (STAGES, StagedLayer, evenly_spaced, gather_tokens, residual_token_weights, run_paired_stages,
                                       run_stages)
 
 
@@ -24,6 +24,30 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
     assert seen == [(names, 2, i in (0, 2)) for i, names in enumerate(STAGES)]
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_linears_stay_near_float32_and_follow_replaced_or_edited_weights(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    dim = config.hidden_size // config.num_attention_heads
+    torch.manual_seed(3)
+    hidden = torch.randn(11, config.hidden_size)
+    rotary = model.position_embeddings(hidden[None])
+    with model.layer(1) as layer:
+        exact = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim)
+        fast = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim,
+                           compute_dtype=torch.bfloat16)
+
+        def gap() -> float:  # relative error of the bf16 layer's update to the residual stream
+            a, b = exact.forward(hidden, rotary) - hidden, fast.forward(hidden, rotary) - hidden
+            return float((a - b).norm() / a.norm())
+
+        assert 1e-4 < gap() < 2e-2  # rounded (inputs and weights to 8 significant bits), not changed
+        layer.mlp.down_proj.weight.data = layer.mlp.down_proj.weight.data * 3  # a method replaces a weight
+        assert gap() < 2e-2
+        with torch.no_grad():
+            layer.mlp.up_proj.weight.mul_(-1)  # or edits one in place
+        assert gap() < 2e-2
 
 
 def test_attention_received_hand_case_uniform_attention(tiny_model):
@@ -122,6 +146,11 @@ def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
     for a, b in zip(theirs, original):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(ours, original))
+
+
+def test_evenly_spaced_picks_spread_over_the_range_and_all_when_asked_for_more():
+    assert evenly_spaced(4, 10) == [0, 2, 5, 7]
+    assert evenly_spaced(3, 3) == evenly_spaced(5, 3) == evenly_spaced(0, 3) == [0, 1, 2]
 
 
 def test_residual_token_weights_are_one_over_the_mean_square_of_the_stream():
