@@ -127,6 +127,22 @@ class _Counted(list):
         _Counted.live -= size
 
 
+def test_a_slab_is_reused_only_once_no_view_of_it_is_left():
+    pool = activations.SlabPool()
+    first = activations.Slabs(pool)
+    kept = [first.copy(torch.full((4, 8), 1.0)), first.copy(torch.full((3, 8), 2.0))]
+    derived = kept[1][None, 1:]  # a view of a view, as consumers make
+    del first, kept
+    second = activations.Slabs(pool)
+    other = second.copy(torch.full((2, 8), 3.0))
+    assert other.untyped_storage().data_ptr() != derived.untyped_storage().data_ptr()
+    assert torch.equal(derived, torch.full((1, 2, 8), 2.0))  # untouched
+    del derived, second  # the first slab is free now; `other` holds the second one
+    third = activations.Slabs(pool).copy(torch.zeros(5, 8))
+    assert third.untyped_storage().data_ptr() not in {other.untyped_storage().data_ptr()}
+    assert len(pool._slabs) == 2 and torch.equal(other, torch.full((2, 8), 3.0))
+
+
 def test_in_memory_samples_are_aligned_views_packed_into_shared_slabs():
     torch.manual_seed(0)
     samples = [torch.randn(length, 24) for length in (40, 7, 33)] + [torch.randint(0, 9, (5,))]
