@@ -53,7 +53,7 @@ def input_hessian(inputs: list[torch.Tensor], token_weights: list[torch.Tensor] 
     block = block or BLOCK_ROWS[dtype]
     hessian = torch.zeros(width, width)
     for i, x in enumerate(inputs):
-        x = _weighted_rows(x.reshape(-1, width).float(), token_weights, i).to(dtype)
+        x = _weighted_rows(x.reshape(-1, width).float(), token_weights, i, dtype)
         for start in range(0, width, block):
             hessian[start:start + block, start:] += x[:, start:start + block].T @ x[:, start:]
     return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
@@ -75,10 +75,15 @@ def input_error_cross(reference_inputs: list[torch.Tensor], inputs: list[torch.T
     return cross
 
 
-def _weighted_rows(x: torch.Tensor, token_weights: list[torch.Tensor] | None, index: int) -> torch.Tensor:
-    """Rows scaled by sqrt(w_t), so each token's x x^T counts w_t times: one sample at a time, so a
-    weighted copy of every sample's inputs is never held at once."""
-    return x if token_weights is None else x * token_weights[index].sqrt()[:, None]
+def _weighted_rows(x: torch.Tensor, token_weights: list[torch.Tensor] | None, index: int,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows scaled by sqrt(w_t), so each token's x x^T counts w_t times, in ``dtype``: one sample at a time, so
+    a weighted copy of every sample's inputs is never held at once. The product is rounded to dtype as it is
+    written (one pass over the rows instead of two)."""
+    if token_weights is None:
+        return x.to(dtype)
+    out = torch.empty(x.shape, dtype=dtype)
+    return torch.mul(x, token_weights[index].sqrt()[:, None], out=out)
 
 
 def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, error_cross: torch.Tensor,
@@ -92,7 +97,9 @@ def fp_target_weight(weight: torch.Tensor, hessian: torch.Tensor, error_cross: t
     lam = damp * float(hessian.diagonal().mean())
     eye = torch.eye(hessian.shape[0], dtype=torch.float32)
     # V = W + Y^T with (H + lam I) Y = C^T W^T   (H symmetric)
-    lower = torch.linalg.cholesky(hessian.float() + lam * eye)
+    lower, info = torch.linalg.cholesky_ex(hessian.float() + lam * eye)
+    if info != 0:  # H is zero or not finite: no inputs to fit a correction on
+        return weight.float().clone()
     correction = torch.cholesky_solve(error_cross.float().T @ weight.float().T, lower)
     return (weight.float() + correction.T).contiguous()
 

@@ -137,6 +137,12 @@ def test_fp_target_weight_is_the_weight_when_inputs_are_unchanged():
                                rtol=1e-4, atol=1e-4)
 
 
+def test_fp_target_weight_without_inputs_is_the_weight():
+    # a linear whose inputs were all zero on the calibration tokens: nothing to fit, no failed factorization
+    w = torch.randn(4, 8)
+    torch.testing.assert_close(fp_target_weight(w, torch.zeros(8, 8), torch.zeros(8, 8), 0.1), w)
+
+
 def test_fp_target_weight_undoes_a_known_input_distortion():
     # The quantized model's inputs are a mixed copy of the full-precision ones, x = x_ref M^T: the
     # weight that maps x to the full-precision outputs x_ref W^T is W M^-1.
