@@ -83,7 +83,6 @@ class GPTQMethod(_Strict):
     # with fp_targets (see algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every
     # machine that runs the same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    forward_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def hessian_torch_dtype(self) -> torch.dtype:
         """What hessian_dtype resolves to on this machine."""

@@ -61,7 +61,6 @@ class Driver:
         """keep: how the layer's stages hold their per-sample activations (in memory, or on disk)."""
         self.recipe, self.prefix, self.scale_dtype, self.keep = recipe, prefix, scale_dtype, keep
         self.scheme = recipe.weights.scheme(scale_dtype)
-        self.forward_dtype = torch.float32  # what the layer's linears multiply in while it runs (StagedLayer)
 
     def targets(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
@@ -128,7 +127,6 @@ class GPTQDriver(Driver):
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
         super().__init__(recipe, prefix, scale_dtype, keep)
         self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
-        self.forward_dtype = getattr(torch, recipe.quantization.forward_dtype)
 
     def reference_picks(self, num_samples: int) -> list[int] | None:
         options = self.recipe.quantization
@@ -168,8 +166,7 @@ class GPTQDriver(Driver):
 
         if picks is not None and reference_hidden is not None:
             reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
-                                    staged.head_dim, reuse_rotated=staged.reuse_rotated,
-                                    compute_dtype=staged.compute_dtype)
+                                    staged.head_dim, reuse_rotated=staged.reuse_rotated)
             result.outputs, result.reference_outputs = run_paired_stages(
                 staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep, picks)
         else:

@@ -37,9 +37,7 @@ RECEIVED_QUERY_BLOCK = 128  # queries per block in attention_received
 
 class StagedLayer:
     def __init__(self, layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int,
-                 reuse_rotated: bool = True, compute_dtype: torch.dtype = torch.float32):
-        """compute_dtype: what the linears multiply in (their inputs and a copy of their weights rounded to
-        it, the outputs back in the activations' dtype); attention and norms stay in the activations' dtype."""
+                 reuse_rotated: bool = True):
         self.layer = layer
         self.attn, self.mlp = layer.self_attn, layer.mlp
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -50,26 +48,9 @@ class StagedLayer:
         self.reuse_rotated = reuse_rotated
         self._rotated: dict[int, tuple] = {}
         self._rotated_slabs = Slabs()  # they live through a stage among temporaries: packed, see Slabs
-        self.compute_dtype = compute_dtype
-        # id(linear) -> (its weight then, (data_ptr, version), the weight in compute_dtype). Holding the weight
-        # keeps its memory from being reused by a replacement, so the key cannot match a new weight.
-        self._cast_weights: dict[int, tuple] = {}
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
-
-    def _apply(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """linear(x), multiplied in compute_dtype."""
-        if self.compute_dtype == x.dtype:
-            return linear(x)
-        weight = linear.weight
-        key = (weight.data_ptr(), weight._version)
-        cached = self._cast_weights.get(id(linear))
-        if cached is None or cached[1] != key:
-            cached = (weight.detach(), key, weight.detach().to(self.compute_dtype))
-            self._cast_weights[id(linear)] = cached
-        out = F.linear(x.to(self.compute_dtype), cached[2]).to(x.dtype)
-        return out if linear.bias is None else out + linear.bias
 
     @torch.no_grad()
     def attention_input(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -80,7 +61,7 @@ class StagedLayer:
         """softmax(q k^T / sqrt(d)) v for one sample, causal, GQA; returns the o_proj input [tokens, heads*dim]."""
         tokens = x.shape[0]
         q, k = self._take_rotated(x) or self._rotated_qk(x, rotary)
-        v = self._apply(self.attn.v_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        v = self.attn.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.attn.scaling,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
@@ -113,8 +94,8 @@ class StagedLayer:
     def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k after rotary, [1, heads, tokens, dim]."""
         tokens = x.shape[0]
-        q = self._apply(self.attn.q_proj, x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
-        k = self._apply(self.attn.k_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        q = self.attn.q_proj(x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         return rotate_keys(q, *rotary), rotate_keys(k, *rotary)
 
     def _qk_weights(self) -> tuple[tuple[int, int], ...]:
@@ -143,7 +124,7 @@ class StagedLayer:
     @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention."""
-        return hidden + self._apply(self.attn.o_proj, attended)
+        return hidden + self.attn.o_proj(attended)
 
     @torch.no_grad()
     def mlp_input(self, residual: torch.Tensor) -> torch.Tensor:
@@ -152,11 +133,11 @@ class StagedLayer:
     @torch.no_grad()
     def mlp_core(self, x: torch.Tensor) -> torch.Tensor:
         """act(gate(x)) * up(x): the down_proj input."""
-        return self.mlp.act_fn(self._apply(self.mlp.gate_proj, x)) * self._apply(self.mlp.up_proj, x)
+        return self.mlp.act_fn(self.mlp.gate_proj(x)) * self.mlp.up_proj(x)
 
     @torch.no_grad()
     def output(self, residual: torch.Tensor, gated: torch.Tensor) -> torch.Tensor:
-        return residual + self._apply(self.mlp.down_proj, gated)
+        return residual + self.mlp.down_proj(gated)
 
     def forward(self, hidden: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """The whole layer for one sample, stage after stage."""

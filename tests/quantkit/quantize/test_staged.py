@@ -26,30 +26,6 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_linears_stay_near_float32_and_follow_replaced_or_edited_weights(tiny_model):
-    model = LayerwiseModel(tiny_model)
-    config = model.config
-    dim = config.hidden_size // config.num_attention_heads
-    torch.manual_seed(3)
-    hidden = torch.randn(11, config.hidden_size)
-    rotary = model.position_embeddings(hidden[None])
-    with model.layer(1) as layer:
-        exact = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim)
-        fast = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim,
-                           compute_dtype=torch.bfloat16)
-
-        def gap() -> float:  # relative error of the bf16 layer's update to the residual stream
-            a, b = exact.forward(hidden, rotary) - hidden, fast.forward(hidden, rotary) - hidden
-            return float((a - b).norm() / a.norm())
-
-        assert 1e-4 < gap() < 2e-2  # rounded (inputs and weights to 8 significant bits), not changed
-        layer.mlp.down_proj.weight.data = layer.mlp.down_proj.weight.data * 3  # a method replaces a weight
-        assert gap() < 2e-2
-        with torch.no_grad():
-            layer.mlp.up_proj.weight.mul_(-1)  # or edits one in place
-        assert gap() < 2e-2
-
-
 def test_attention_received_hand_case_uniform_attention(tiny_model):
     # With q = 0 every query attends uniformly to itself and all earlier tokens: a_ij = 1 / (i + 1),
     # so token j receives sum_{i >= j} 1 / (i + 1)^2 from each of the 2 query heads per KV head.
