@@ -79,14 +79,14 @@ class GPTQMethod(_Strict):
     residual_weighted: bool = False
     # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
     refit_scales: bool = False
-    # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively, except
-    # with fp_targets (see algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every
-    # machine that runs the same BLAS code path
+    # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
+    # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine that runs the
+    # same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     def hessian_torch_dtype(self) -> torch.dtype:
         """What hessian_dtype resolves to on this machine."""
-        return resolve_hessian_dtype(self.hessian_dtype, self.fp_targets > 0)
+        return resolve_hessian_dtype(self.hessian_dtype)
 
 
 class FP8Method(_Strict):

@@ -29,13 +29,12 @@ class GPTQResult:
 BLOCK_ROWS = {torch.float32: 128, torch.bfloat16: 192}
 
 
-def resolve_hessian_dtype(choice: str, fp_targets: bool = False) -> torch.dtype:
+def resolve_hessian_dtype(choice: str) -> torch.dtype:
     """A recipe's ``hessian_dtype``: "auto" is bfloat16 where the CPU multiplies it natively (AMX: 2.5x
-    float32's speed on the Hessians), float32 elsewhere (bfloat16 would be emulated, and slower), and
-    float32 for fp_targets, the accuracy-first recipes (in bfloat16 never better, in two runs: docs/quantization.md)."""
+    float32's speed on the Hessians), float32 elsewhere (bfloat16 would be emulated, and slower)."""
     if choice == "auto":
         amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-        return torch.bfloat16 if amx() and not fp_targets else torch.float32
+        return torch.bfloat16 if amx() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
 
 

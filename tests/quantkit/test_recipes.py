@@ -15,7 +15,7 @@ def test_shipped_recipes_load():
                                    for suffix in ("", "-actorder", "-fp-targets"))
     # -actorder is the plain recipe with act order and nothing else; -fp-targets adds the full-precision targets
     assert actorder == plain.model_copy(update={"act_order": True})
-    assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25})
+    assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25, "fp_target_samples": 16})
 
 
 def test_unknown_key_names_the_key_and_the_file(tmp_path):
