@@ -27,10 +27,9 @@ def _layer_inputs(model: LayerwiseModel) -> tuple[list[torch.Tensor], list]:
     return hidden, [model.position_embeddings(h[None]) for h in hidden]
 
 
-def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
-    # Layer 0 is quantized, so layer 1's inputs drift from the full-precision model's. Fitting layer 1
-    # to the full-precision outputs must leave its outputs closer to them than fitting its own outputs.
-    model = LayerwiseModel(tiny_model)
+def _streams_after_layer_0(model: LayerwiseModel) -> tuple[list, list, list, list]:
+    """Rotary tables, layer 1's full-precision and quantized inputs (layer 0 run as is, and GPTQ'd), and
+    the full-precision layer 1's outputs: what fp_targets are fitted to."""
     hidden, rotary = _layer_inputs(model)
     with model.layer(0) as layer:
         staged = _staged(model, layer)
@@ -38,6 +37,14 @@ def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
         q_hidden = GPTQDriver(_gptq(), "model.layers.0").quantize_layer(staged, hidden, rotary).outputs
     with model.layer(1) as layer:
         fp_out = [_staged(model, layer).forward(h, r) for h, r in zip(fp_hidden, rotary)]
+    return rotary, fp_hidden, q_hidden, fp_out
+
+
+def test_fp_targets_bring_the_next_layer_closer_to_full_precision(tiny_model):
+    # Layer 0 is quantized, so layer 1's inputs drift from the full-precision model's. Fitting layer 1
+    # to the full-precision outputs must leave its outputs closer to them than fitting its own outputs.
+    model = LayerwiseModel(tiny_model)
+    rotary, fp_hidden, q_hidden, fp_out = _streams_after_layer_0(model)
     errors = {}
     for fp_targets in (0.0, 1.0):
         with model.layer(1) as layer:
@@ -54,14 +61,8 @@ def test_fp_targets_estimated_on_half_the_samples_help_the_others_too(tiny_model
     # The full-precision stream runs on 12 of 24 samples; the correction it estimates must also bring
     # the 12 samples it never saw closer to the full-precision outputs (measured: 0.065 against 0.072).
     model = LayerwiseModel(tiny_model)
-    hidden, rotary = _layer_inputs(model)
+    rotary, fp_hidden, q_hidden, fp_out = _streams_after_layer_0(model)
     picks = evenly_spaced(12, 24)
-    with model.layer(0) as layer:
-        staged = _staged(model, layer)
-        fp_hidden = [staged.forward(h, r) for h, r in zip(hidden, rotary)]
-        q_hidden = GPTQDriver(_gptq(), "model.layers.0").quantize_layer(staged, hidden, rotary).outputs
-    with model.layer(1) as layer:
-        fp_out = [_staged(model, layer).forward(h, r) for h, r in zip(fp_hidden, rotary)]
     unseen = [i for i in range(24) if i not in picks]
     errors = {}
     for fp_targets in (0.0, 0.5):
