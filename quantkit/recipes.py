@@ -84,6 +84,13 @@ class GPTQMethod(_Strict):
     # same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
+    @model_validator(mode="after")
+    def _fp_target_samples(self) -> GPTQMethod:
+        if self.fp_target_samples and not self.fp_targets:
+            raise ValueError("fp_target_samples sets how many samples fp_targets runs the full-precision stream on: "
+                             "set fp_targets above 0 too, or drop fp_target_samples")
+        return self
+
     def hessian_torch_dtype(self) -> torch.dtype:
         """What hessian_dtype resolves to on this machine."""
         return resolve_hessian_dtype(self.hessian_dtype)

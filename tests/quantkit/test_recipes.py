@@ -18,6 +18,14 @@ def test_shipped_recipes_load():
     assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25, "fp_target_samples": 16})
 
 
+def test_fp_target_samples_without_fp_targets_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: x\nquantization: {method: gptq, fp_target_samples: 16}\n"
+                    "weights: {bits: 4, group_size: 64}\n")
+    with pytest.raises(QuantkitError, match=r"r\.yaml: .*fp_target_samples .* set fp_targets above 0"):
+        load_recipe(str(path))
+
+
 def test_unknown_key_names_the_key_and_the_file(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("name: x\nquantization: {method: gptq, dampning: 0.1}\n")
