@@ -66,7 +66,7 @@ def test_fp_targets_estimated_on_half_the_samples_help_the_others_too(tiny_model
     unseen = [i for i in range(24) if i not in picks]
     errors = {}
     for fp_targets in (0.0, 0.5):
-        recipe = _gptq(fp_targets=fp_targets, fp_target_samples=12)
+        recipe = _gptq(fp_targets=fp_targets, **({"fp_target_samples": 12} if fp_targets else {}))
         with model.layer(1) as layer:
             done = GPTQDriver(recipe, "model.layers.1").quantize_layer(
                 _staged(model, layer), q_hidden, rotary, reference_hidden=[fp_hidden[i] for i in picks])
