@@ -64,11 +64,17 @@ def test_an_unusable_offload_folder_is_refused_naming_it(tmp_path):
             pass
 
 
-@pytest.mark.parametrize("recipe", ["gptq-w4a16-g64", "gptq-w4a16-g64-fp-targets", "awq-w4a16-g64-kv-fp8",
-                                    "fp8-w8a8-static"])
-def test_offloaded_activations_quantize_to_the_same_tensors(tiny_model, tmp_path, recipe):
+@pytest.mark.parametrize("recipe, fp_target_samples", [
+    ("gptq-w4a16-g64", None), ("gptq-w4a16-g64-fp-targets", None),
+    ("gptq-w4a16-g64-fp-targets", 2),  # the full-precision stream on 2 of the 4 samples
+    ("awq-w4a16-g64-kv-fp8", None), ("fp8-w8a8-static", None)])
+def test_offloaded_activations_quantize_to_the_same_tensors(tiny_model, tmp_path, recipe, fp_target_samples):
     torch.manual_seed(0)
     samples = [torch.randint(3, 390, (length,)).tolist() for length in (40, 24, 40, 33)]
+    recipe = load_recipe(recipe)
+    if fp_target_samples:
+        method = recipe.quantization.model_copy(update={"fp_target_samples": fp_target_samples})
+        recipe = recipe.model_copy(update={"quantization": method})
 
     def run(activations) -> dict[str, torch.Tensor]:
         tensors = {}
@@ -78,7 +84,7 @@ def test_offloaded_activations_quantize_to_the_same_tensors(tiny_model, tmp_path
             for name, weight in quantized.items():
                 tensors[name] = weight.dequantize()
 
-        quantize_model(tiny_model, load_recipe(recipe), samples, sink, activations=activations)
+        quantize_model(tiny_model, recipe, samples, sink, activations=activations)
         return tensors
 
     in_memory = run(InMemory())
