@@ -6,6 +6,7 @@ gives the same result, because damping is relative to its mean diagonal).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -58,14 +59,15 @@ def input_hessian(inputs: list[torch.Tensor], token_weights: list[torch.Tensor] 
     return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
 
 
-def input_error_cross(reference_inputs: list[torch.Tensor], inputs: list[torch.Tensor],
+def input_error_cross(reference_inputs: list[torch.Tensor], inputs: Iterable[torch.Tensor],
                       token_weights: list[torch.Tensor] | None = None,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """C = sum of (x_ref - x)^T x over paired tokens (each weighted by w_t when token_weights are given):
     how the error earlier quantized layers left in the inputs lines up with the inputs. The cross product
     D = x_ref^T x is H + C; C is formed from the difference in float32 first, so bfloat16 products
-    round it relative to its own size, not to H's, which it differs from by a few percent."""
-    width = inputs[0].shape[-1]
+    round it relative to its own size, not to H's, which it differs from by a few percent. ``inputs`` may be
+    read one sample at a time (any iterable paired with reference_inputs)."""
+    width = reference_inputs[0].shape[-1]
     cross = torch.zeros(width, width)
     for i, (x_ref, x) in enumerate(zip(reference_inputs, inputs)):
         x = _weighted_rows(x.reshape(-1, width).float(), token_weights, i)

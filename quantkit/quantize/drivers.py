@@ -97,18 +97,21 @@ class StageData:
     @classmethod
     def of(cls, inputs: Activations, reference_inputs: Activations | None,
            token_weights: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
-           reference_picks: list[int] | None = None) -> StageData:
+           reference_picks: list[int] | None = None, lengths: list[int] | None = None) -> StageData:
         """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None.
         dtype: what the products run in (see gptq.input_hessian). reference_picks: the samples of
-        ``inputs`` that ``reference_inputs`` pair with (default: all); their products are scaled up to
-        all samples' token count, as estimates of the sums over all of them."""
+        ``inputs`` that ``reference_inputs`` pair with (default: all), with ``lengths`` (tokens per
+        sample); their products are scaled up to all samples' token count, as estimates of the sums
+        over all of them."""
         hessian = gptq.input_hessian(inputs, token_weights, dtype)
         if reference_inputs is None:
             return cls(hessian)
-        picks = reference_picks if reference_picks is not None else list(range(len(inputs)))
-        paired = [inputs[i] for i in picks]
-        weights = None if token_weights is None else [token_weights[i] for i in picks]
-        scale = sum(x.shape[0] for x in inputs) / sum(x.shape[0] for x in paired)
+        if reference_picks is None:
+            paired, weights, scale = inputs, token_weights, 1.0
+        else:  # read one sample at a time: offloaded activations stay on disk
+            paired = (inputs[i] for i in reference_picks)
+            weights = None if token_weights is None else [token_weights[i] for i in reference_picks]
+            scale = sum(lengths) / sum(lengths[i] for i in reference_picks)
         return cls(hessian, gptq.input_error_cross(reference_inputs, paired, weights, dtype) * scale,
                    gptq.input_hessian(reference_inputs, weights, dtype) * scale)
 
@@ -150,7 +153,7 @@ class GPTQDriver(Driver):
             weights = None
             if options.residual_weighted and residual is not None:
                 weights = residual_token_weights(residual, sample_lengths(rotary))
-            data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype, picks)
+            data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype, picks, sample_lengths(rotary))
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
@@ -200,7 +203,7 @@ class GPTQDriver(Driver):
         parts, notes = [], set()
         for head in range(staged.num_kv_heads):
             data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype,
-                                picks)
+                                picks, lengths)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)

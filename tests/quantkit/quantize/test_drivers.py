@@ -82,7 +82,7 @@ def test_stage_data_scales_the_picked_samples_products_up_to_all_samples():
     torch.manual_seed(0)
     inputs = [torch.randn(n, 8) for n in (5, 7, 9)]
     reference = [x + 0.1 * torch.randn_like(x) for x in inputs]
-    data = StageData.of(inputs, [reference[0], reference[2]], reference_picks=[0, 2])
+    data = StageData.of(inputs, [reference[0], reference[2]], reference_picks=[0, 2], lengths=[5, 7, 9])
     scale = 21 / 14  # all tokens over the picked samples' tokens
     torch.testing.assert_close(data.hessian, gptq.input_hessian(inputs))
     torch.testing.assert_close(data.error_cross,
