@@ -79,9 +79,6 @@ class GPTQMethod(_Strict):
     residual_weighted: bool = False
     # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
     refit_scales: bool = False
-    # before GPTQ, scale each stage's input channels by AWQ's search and fold the inverse into the op before
-    # (norm -> q/k/v, norm -> gate/up, up -> down; v -> o only without grouped-query attention)
-    awq_scales: bool = False
     # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
     # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine that runs the
     # same BLAS code path

@@ -56,13 +56,6 @@ def relative_errors(original: torch.Tensor, hessian: torch.Tensor, scheme,
     return rtn / energy, awq.output_error(original, effective, hessian) / energy
 
 
-def previous_ops_of(staged: StagedLayer) -> list[str | None]:
-    """What each stage's AWQ input scales fold into; v -> o only when shapes match (no GQA)."""
-    v, o = staged.linear("self_attn.v_proj"), staged.linear("self_attn.o_proj")
-    v_to_o = "self_attn.v_proj" if v.weight.shape == o.weight.shape else None
-    return ["input_layernorm", v_to_o, "post_attention_layernorm", "mlp.up_proj"]
-
-
 class Driver:
     def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
         """keep: how the layer's stages hold their per-sample activations (in memory, or on disk)."""
@@ -122,12 +115,6 @@ class StageData:
         return cls(hessian, gptq.input_error_cross(reference_inputs, paired, weights, dtype) * scale,
                    gptq.input_hessian(reference_inputs, weights, dtype) * scale)
 
-    def scaled(self, scales: torch.Tensor) -> StageData:
-        """The same data for inputs divided by ``scales`` (AWQ's input scaling): every Gram matrix becomes
-        diag(1/s) G diag(1/s)."""
-        scale = lambda m: None if m is None else awq.scale_hessian(m, scales)
-        return StageData(scale(self.hessian), scale(self.error_cross), scale(self.reference_hessian))
-
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
         same inputs, or with reference inputs against the full-precision model's output."""
@@ -156,8 +143,6 @@ class GPTQDriver(Driver):
         options = self.recipe.quantization
         result = LayerResult(outputs=None)
         picks = self.reference_picks(len(hidden))
-        previous_ops = dict(zip(STAGES, previous_ops_of(staged)))
-        folds: list[tuple[tuple[str, ...], torch.Tensor]] = []  # (stage, its AWQ input scales)
 
         def quantize_stage(names: tuple[str, ...], inputs: Activations,
                            reference_inputs: Activations | None = None,
@@ -169,22 +154,14 @@ class GPTQDriver(Driver):
             if options.residual_weighted and residual is not None:
                 weights = residual_token_weights(residual, sample_lengths(rotary))
             data = StageData.of(inputs, reference_inputs, weights, self.hessian_dtype, picks, sample_lengths(rotary))
-            scales = None
-            if options.awq_scales and previous_ops[names] is not None:
-                scales = self._search_scales(staged, targets, inputs, data, sample_lengths(rotary))
-            if scales is not None:
-                folds.append((names, scales))
             for name in targets:
                 linear = staged.linear(name)
                 original = linear.weight.detach().float().clone()
-                to_quantize = original if scales is None else original * scales
                 if name == "self_attn.v_proj":
-                    weight, note = self._quantize_values(staged, to_quantize, inputs, reference_inputs, rotary, picks,
-                                                         scales)
+                    weight, note = self._quantize_values(staged, original, inputs, reference_inputs, rotary, picks)
                 else:
-                    weight, note = self._quantize(to_quantize, data if scales is None else data.scaled(scales))
-                # the layer keeps running on unscaled inputs until the scales are folded, after its last stage
-                dequantized = weight.dequantize() if scales is None else weight.dequantize() / scales
+                    weight, note = self._quantize(original, data)
+                dequantized = weight.dequantize()
                 linear.weight.data = dequantized.to(linear.weight.dtype)
                 result.quantized[name] = weight
                 result.reports.append(LinearReport(
@@ -199,37 +176,7 @@ class GPTQDriver(Driver):
             result.outputs = run_stages(staged, hidden, rotary,
                                         lambda names, inputs, residual: quantize_stage(names, inputs, None, residual),
                                         self.keep)
-        for names, scales in folds:
-            self._fold_scales(staged, previous_ops[names], names, scales, result.quantized)
         return result
-
-    def _search_scales(self, staged: StagedLayer, targets: list[str], inputs: Activations, data: StageData,
-                       lengths: list[int]) -> torch.Tensor | None:
-        """AWQ's input-channel scales for a stage (None where plain rounding scored no worse), searched on
-        the stage's own Hessian with rounding as the quantizer: GPTQ then works on W s."""
-        x_mean = sum(x.reshape(-1, x.shape[-1]).abs().sum(dim=0) for x in inputs) / sum(lengths)
-        search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, data.hessian,
-                                   self.scheme)
-        return None if search.ratio < 0 else search.scales
-
-    def _fold_scales(self, staged: StagedLayer, previous: str, names: tuple[str, ...], scales: torch.Tensor,
-                     quantized: dict[str, QuantizedWeight]) -> None:
-        """Make the stored layer compute what the quantized one did: the stage's quantized weights hold
-        Q(W s), so its linears left dense take W s and the op before divides its outputs by s (an RMSNorm's
-        weight; a linear's rows, through its group scales where it is already quantized)."""
-        with torch.no_grad():
-            for name in names:
-                if name not in quantized:
-                    linear = staged.linear(name)
-                    linear.weight.mul_(scales[None, :].to(linear.weight.dtype))
-            module = staged.layer.get_submodule(previous)
-            if previous in quantized:
-                done = quantized[previous]
-                done.scale = (done.scale / scales[:, None]).to(self.scale_dtype).float()
-            else:
-                module.weight.div_((scales[:, None] if module.weight.dim() == 2 else scales).to(module.weight.dtype))
-            if getattr(module, "bias", None) is not None:
-                module.bias.div_(scales.to(module.bias.dtype))
 
     def _quantize(self, weight: torch.Tensor, data: StageData) -> tuple[QuantizedWeight, str]:
         options = self.recipe.quantization
@@ -246,10 +193,9 @@ class GPTQDriver(Driver):
 
     def _quantize_values(self, staged: StagedLayer, weight: torch.Tensor, inputs: Activations,
                          reference_inputs: Activations | None, rotary: list[Rotary],
-                         picks: list[int] | None, scales: torch.Tensor | None = None) -> tuple[QuantizedWeight, str]:
+                         picks: list[int] | None) -> tuple[QuantizedWeight, str]:
         """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
-        a plain Hessian counts an attention-sink token once, although most queries read its value.
-        scales: the stage's AWQ input scales, already in ``weight``."""
+        a plain Hessian counts an attention-sink token once, although most queries read its value."""
         lengths = sample_lengths(rotary)
         received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
                                  staged.num_kv_heads)
@@ -258,8 +204,6 @@ class GPTQDriver(Driver):
         for head in range(staged.num_kv_heads):
             data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype,
                                 picks, lengths)
-            if scales is not None:
-                data = data.scaled(scales)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)
@@ -281,7 +225,7 @@ class AWQDriver(Driver):
         col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
         row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
         hessians = {}
-        for names, prev in zip(STAGES, previous_ops_of(staged)):
+        for names, prev in zip(STAGES, self._previous_ops(staged)):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
             if prev is not None and targets:
@@ -303,6 +247,13 @@ class AWQDriver(Driver):
             result.reports.append(LinearReport(
                 f"{self.prefix}.{name}", "awq", *relative_errors(originals[name], hessian, self.scheme, effective)))
         return result
+
+    @staticmethod
+    def _previous_ops(staged: StagedLayer) -> list[str | None]:
+        """What each stage's input scales fold into; v -> o only when shapes match (no GQA)."""
+        v, o = staged.linear("self_attn.v_proj"), staged.linear("self_attn.o_proj")
+        v_to_o = "self_attn.v_proj" if v.weight.shape == o.weight.shape else None
+        return ["input_layernorm", v_to_o, "post_attention_layernorm", "mlp.up_proj"]
 
     @staticmethod
     def _apply_scales(staged: StagedLayer, prev: str, names: tuple[str, ...], scales: torch.Tensor,
