@@ -3,7 +3,7 @@
 Runs under the llm-compressor venv's python (see quantkit/bench/peers.py), so it imports only torch,
 transformers, safetensors, datasets, llmcompressor and the standard library, never quantkit.
 
-    python peer_llmcompressor.py {gptq|awq|fp8} MODEL_DIR CALIB_DIR OUT_DIR THREADS
+    python peer_llmcompressor.py {gptq|gptq-asym|awq|fp8} MODEL_DIR CALIB_DIR OUT_DIR THREADS
 
 Quantizes MODEL_DIR on the calibration tokens in CALIB_DIR/samples.safetensors (`input_ids` int32 flat,
 `offsets` int64 [N+1]), saves a compressed-tensors checkpoint to OUT_DIR and prints, last, one JSON line
@@ -47,8 +47,8 @@ def weight_args(symmetric: bool) -> dict:
 def recipe(method: str) -> list:
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 
-    if method == "gptq":  # W4A16, group 64, symmetric
-        groups = {"group_0": {"targets": ["Linear"], "weights": weight_args(symmetric=True)}}
+    if method in ("gptq", "gptq-asym"):  # W4A16 (symmetric) or W4A16_ASYM, group 64
+        groups = {"group_0": {"targets": ["Linear"], "weights": weight_args(symmetric=method == "gptq")}}
         return [GPTQModifier(config_groups=groups, ignore=["lm_head"])]
     if method == "awq":  # W4A16_ASYM with group 64 instead of the preset's 128
         from llmcompressor.modifiers.transform import AWQModifier
@@ -58,7 +58,7 @@ def recipe(method: str) -> list:
         return [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     if method == "fp8":  # FP8_DYNAMIC preset: per-channel fp8 weights, per-token dynamic activations
         return [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=["lm_head"])]
-    raise SystemExit(f"unknown method {method!r}; expected gptq, awq or fp8")
+    raise SystemExit(f"unknown method {method!r}; expected gptq, gptq-asym, awq or fp8")
 
 
 def allow_cpu_only_awq() -> None:

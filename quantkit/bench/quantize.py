@@ -1,7 +1,7 @@
 """`quantkit bench quantize`: every method on the same calibration tokens, in one run: wall time, peak
 RSS (each quantization in its own process, threads pinned) and perplexity on held-out text relative to
-the fp16 model, all measured in the same run. With --peers, llm-compressor runs the same methods (GPTQ, AWQ,
-FP8 dynamic) on the same tokens. With --seeds, all of it once per calibration draw, and each method's mean
+the fp16 model, all measured in the same run. With --peers, llm-compressor runs the same methods (GPTQ in
+the recipe's symmetry, AWQ, FP8 dynamic) on the same tokens. With --seeds, all of it once per calibration draw, and each method's mean
 and range over the draws.
 
 Run a worker directly: python -m quantkit.bench.quantize quantize MODEL RECIPE CALIB_DIR OUT THREADS
@@ -39,8 +39,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
 
     path = resolve_model(model)
     seeds = seeds or [0]
-    # The peer runs each method the chosen recipes use, on the same tokens.
-    recipe_methods = {r: load_recipe(r).quantization.method for r in recipes}
+    # The peer runs each method the chosen recipes use, on the same tokens and in the same scheme.
+    recipe_methods = {r: peer_method(load_recipe(r)) for r in recipes}
     peer_methods = [m for m in PEER_METHODS if m in recipe_methods.values()] if peers else []
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
@@ -69,6 +69,15 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, baseline["perplexity"],
            rows, seeds)
     return rows
+
+
+def peer_method(recipe) -> str:
+    """The peer method a recipe is compared with: its method, with GPTQ's symmetry (the W4A16 preset is
+    symmetric; an asymmetric recipe is compared with W4A16_ASYM)."""
+    method = recipe.quantization.method
+    if method == "gptq" and not recipe.weights.symmetric:
+        return "gptq-asym"
+    return method
 
 
 def add_peer_time_ratios(rows: list[dict]) -> None:

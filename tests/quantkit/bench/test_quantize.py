@@ -67,3 +67,13 @@ def test_each_row_gets_its_time_over_the_peers_for_the_same_method_and_draw():
     out = io.StringIO()
     _print(Console(file=out, width=200), "m", "c", "e", 4, 64, 1, 27.0, rows, [0, 1])
     assert "x peer's time" in out.getvalue() and "0.50x" in out.getvalue() and "0.60x" in out.getvalue()
+
+
+def test_gptq_recipes_are_compared_with_the_peers_gptq_in_their_own_symmetry():
+    from quantkit.bench.quantize import peer_method
+    from quantkit.recipes import load_recipe
+
+    assert peer_method(load_recipe("gptq-w4a16-g64-sym")) == "gptq"  # llm-compressor's W4A16 preset
+    assert peer_method(load_recipe("gptq-w4a16-g64-actorder")) == "gptq-asym"  # W4A16_ASYM
+    assert peer_method(load_recipe("awq-w4a16-g64")) == "awq"
+    assert peer_method(load_recipe("rtn-w4a16-g64")) == "rtn"
