@@ -47,7 +47,7 @@ def bench_quantize(
     max_seq_len: int = typer.Option(512),
     threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
     recipe: list[str] = typer.Option(None, help="Recipes to run (repeatable); default: RTN, AWQ, GPTQ, GPTQ act-order, GPTQ fp-targets."),
-    peers: bool = typer.Option(False, help="Also run llm-compressor (installed in its own venv) on the same tokens."),
+    peers: bool = typer.Option(False, help="Also run llm-compressor (installed in its own venv) on the same tokens; GPTQ in each recipe's symmetry."),
     keep: Optional[Path] = typer.Option(None, help="Keep checkpoints and tokens in this directory."),
     seeds: str = typer.Option("0", help="Calibration draws, comma-separated: every method runs on each, and "
                                         "with several a table gives each method's mean and range over them."),
