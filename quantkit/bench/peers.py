@@ -76,8 +76,8 @@ def _step(message: str, cmd: list[str]) -> None:
 
 def run_llmcompressor(method: str, model_dir: Path, calib_dir: Path, out_dir: Path, threads: int) -> dict:
     """Quantize model_dir with llm-compressor (GPTQ W4A16 g64 symmetric or asymmetric, AWQ W4A16_ASYM g64 or
-    FP8_DYNAMIC) on the
-    calibration tokens in calib_dir/samples.safetensors; the compressed-tensors checkpoint goes to out_dir."""
+    FP8_DYNAMIC) on the calibration tokens in calib_dir/samples.safetensors; the compressed-tensors checkpoint
+    goes to out_dir."""
     if method not in METHODS:
         raise ValueError(f"unknown peer method {method!r}; expected one of {', '.join(METHODS)}")
     python = peer_python(LLMCOMPRESSOR)

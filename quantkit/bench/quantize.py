@@ -1,8 +1,8 @@
 """`quantkit bench quantize`: every method on the same calibration tokens, in one run: wall time, peak
 RSS (each quantization in its own process, threads pinned) and perplexity on held-out text relative to
 the fp16 model, all measured in the same run. With --peers, llm-compressor runs the same methods (GPTQ in
-the recipe's symmetry, AWQ, FP8 dynamic) on the same tokens. With --seeds, all of it once per calibration draw, and each method's mean
-and range over the draws.
+the recipe's symmetry, AWQ, FP8 dynamic) on the same tokens. With --seeds, all of it once per calibration
+draw, and each method's mean and range over the draws.
 
 Run a worker directly: python -m quantkit.bench.quantize quantize MODEL RECIPE CALIB_DIR OUT THREADS
                        python -m quantkit.bench.quantize perplexity EVAL_TOKENS THREADS MODEL_DIR...
@@ -40,8 +40,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     path = resolve_model(model)
     seeds = seeds or [0]
     # The peer runs each method the chosen recipes use, on the same tokens and in the same scheme.
-    recipe_methods = {r: peer_method(load_recipe(r)) for r in recipes}
-    peer_methods = [m for m in PEER_METHODS if m in recipe_methods.values()] if peers else []
+    compared_as = {r: peer_method(load_recipe(r)) for r in recipes}
+    peer_methods = [m for m in PEER_METHODS if m in compared_as.values()] if peers else []
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
                 out = work / f"{Path(recipe).stem}{suffix}"  # a recipe may be a YAML path
                 row = run_worker(WORKER, ["quantize", path, recipe, calib_dir, out, threads], threads)
                 rows.append(row | {"name": f"quantkit {recipe}", "path": str(out), "seed": seed,
-                                   "method": recipe_methods[recipe]})
+                                   "method": compared_as[recipe]})
             for method in peer_methods:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
                 rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
