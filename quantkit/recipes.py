@@ -79,6 +79,9 @@ class GPTQMethod(_Strict):
     residual_weighted: bool = False
     # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
     refit_scales: bool = False
+    # after GPTQ (and refit_scales), sweeps of coordinate descent over the codes on the same output error
+    # (see algorithms.gptq.coordinate_descent); 0 = off
+    coordinate_descent: int = Field(0, ge=0)
     # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
     # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine that runs the
     # same BLAS code path

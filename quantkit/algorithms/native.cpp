@@ -4,16 +4,19 @@
 //   the block's later columns through the inverse Hessian factor. Sequential in columns, independent across rows.
 // - mse_grid (GPTQ): each row's best shrunken range (rtn.mse_grid_params): every candidate's grid, codes and
 //   weighted squared error.
+// - coordinate_descent (GPTQ): revisit each row's codes one at a time, each moved to the integer that minimizes the
+//   row's output error with the others held, sweep after sweep. Independent across rows.
 // - clip_search (AWQ): each (row, group)'s best clipping range (awq.search_clip): every candidate's clipped
 //   group, grid, codes and error in the group's partial output.
 // Built without -ffast-math and with FMA contraction off, so every operation rounds as torch's float32 ops
-// do: quantize_columns equals the torch loop bit for bit; mse_grid's and clip_search's errors differ from
-// torch's only in summation order.
+// do: quantize_columns and coordinate_descent equal the torch loops bit for bit; mse_grid's and clip_search's
+// errors differ from torch's only in summation order.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -253,10 +256,74 @@ std::vector<torch::Tensor> clip_search(torch::Tensor w, torch::Tensor blocks, to
   return {best_low, best_high};
 }
 
+
+// codes [rows, n] float32 (integers 0..max_q), updated in place; gradient [rows, n] float32: (Q - T) H, kept up to
+// date as codes change; hessian [n, n] float32 (damped); scale [rows, groups] float32; column_group [n] int64;
+// order [n] int64: the columns in the order each sweep visits them. Each row independently: every column's code
+// moves to the integer that minimizes the row's error with the other codes held, sweep after sweep, until a
+// sweep changes nothing or `sweeps` ran. Returns how many codes changed.
+int64_t coordinate_descent(torch::Tensor codes, torch::Tensor gradient, torch::Tensor hessian, torch::Tensor scale,
+                           torch::Tensor column_group, torch::Tensor order, double max_q, int64_t sweeps) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kFloat32 && codes.is_contiguous(),
+              "codes must be a contiguous float32 [rows, n]");
+  const int64_t rows = codes.size(0), n = codes.size(1), groups = scale.size(1);
+  TORCH_CHECK(gradient.sizes() == codes.sizes() && gradient.scalar_type() == torch::kFloat32 &&
+                  gradient.is_contiguous(), "gradient must be a contiguous float32 like codes");
+  TORCH_CHECK(hessian.sizes() == torch::IntArrayRef({n, n}) && hessian.scalar_type() == torch::kFloat32 &&
+                  hessian.is_contiguous(), "hessian must be a contiguous float32 [n, n]");
+  TORCH_CHECK(scale.size(0) == rows && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(),
+              "scale must be a contiguous float32 [rows, groups]");
+  TORCH_CHECK(column_group.numel() == n && column_group.scalar_type() == torch::kInt64 && column_group.is_contiguous(),
+              "column_group must be int64 [n]");
+  TORCH_CHECK(order.numel() == n && order.scalar_type() == torch::kInt64 && order.is_contiguous(),
+              "order must be int64 [n]");
+  const int64_t* group_of = column_group.data_ptr<int64_t>();
+  const int64_t* visit = order.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(0 <= group_of[i] && group_of[i] < groups, "group out of range");
+    TORCH_CHECK(0 <= visit[i] && visit[i] < n, "order out of range");
+  }
+  float* q = codes.data_ptr<float>();
+  float* g = gradient.data_ptr<float>();
+  const float* h = hessian.data_ptr<float>();
+  const float* s = scale.data_ptr<float>();
+  const float top = static_cast<float>(max_q);
+  std::atomic<int64_t> changed{0};
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    int64_t local = 0;
+    for (int64_t r = begin; r < end; ++r) {
+      float* code = q + r * n;
+      float* grad = g + r * n;
+      for (int64_t sweep = 0; sweep < sweeps; ++sweep) {
+        int64_t moved = 0;
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t j = visit[k];
+          const float step = s[r * groups + group_of[j]], curvature = h[j * n + j];
+          if (!(step > 0.0f) || !(curvature > 0.0f)) continue;
+          // the error is quadratic in this code: its best integer is the nearest to the unconstrained optimum
+          float delta = std::nearbyint(-grad[j] / (step * curvature));
+          delta = std::min(std::max(delta, -code[j]), top - code[j]);
+          if (delta == 0.0f) continue;
+          code[j] += delta;
+          const float move = delta * step;
+          const float* h_row = h + j * n;
+          for (int64_t i = 0; i < n; ++i) grad[i] += move * h_row[i];
+          ++moved;
+        }
+        local += moved;
+        if (moved == 0) break;
+      }
+    }
+    changed += local;
+  });
+  return changed.load();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_columns", &quantize_columns, "GPTQ's column loop over columns first..last-1 of a block");
   m.def("mse_grid", &mse_grid, "each row's (scale, zero) of the shrunken range with the least squared error");
+  m.def("coordinate_descent", &coordinate_descent, "each row's codes by cyclic coordinate descent on its error");
   m.def("clip_search", &clip_search, "each (row, group)'s clipping range with the least partial-output error");
 }

@@ -187,6 +187,11 @@ class GPTQDriver(Driver):
                                   damp=options.dampening, act_order=options.act_order, mse=options.mse)
         if options.refit_scales and not done.rtn_fallback:
             done.weight = gptq.refit_scales(done.weight, weight, data.hessian, done.damp, self.scale_dtype)
+        if options.coordinate_descent and not done.rtn_fallback:
+            done.weight = gptq.coordinate_descent(done.weight, weight, data.hessian, done.damp,
+                                                  options.coordinate_descent)
+            if options.refit_scales:  # the codes moved: their best scales did too
+                done.weight = gptq.refit_scales(done.weight, weight, data.hessian, done.damp, self.scale_dtype)
         note = "RTN fallback: H not positive definite" if done.rtn_fallback else (
             f"damp raised to {done.damp}" if done.damp != options.dampening else "")
         return done.weight, note

@@ -13,8 +13,8 @@ def test_shipped_recipes_load():
         assert recipe.name == name and recipe.weights.group_size == 64
     plain, actorder, fp_targets = (load_recipe(f"gptq-w4a16-g64{suffix}").quantization
                                    for suffix in ("", "-actorder", "-fp-targets"))
-    # -actorder is the plain recipe with act order and nothing else; -fp-targets adds the full-precision targets
-    assert actorder == plain.model_copy(update={"act_order": True})
+    # -actorder is the plain recipe with act order and coordinate descent; -fp-targets adds the full-precision targets
+    assert actorder == plain.model_copy(update={"act_order": True, "coordinate_descent": 3})
     assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25, "fp_target_samples": 16})
 
 

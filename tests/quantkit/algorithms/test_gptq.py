@@ -1,9 +1,10 @@
 import torch
 
-from quantkit.algorithms.gptq import (fp_target_weight, gptq_quantize, input_hessian,
+from quantkit.algorithms.gptq import (coordinate_descent, fp_target_weight, gptq_quantize, input_hessian,
                                       input_error_cross, inverse_hessian_factor, refit_scales, resolve_hessian_dtype,
                                       target_errors)
-from quantkit.algorithms.rtn import WeightScheme, fake_quantize
+from quantkit.algorithms.rtn import WeightScheme, fake_quantize, rtn_quantize
+from quantkit.formats.quantized import QuantizedWeight
 
 SCHEME = WeightScheme(4, 8, True, torch.float32)
 
@@ -217,3 +218,55 @@ def test_refit_scales_never_raises_a_rows_output_error():
     assert torch.all(after <= before * (1 + 1e-9))
     assert after.sum() < 0.98 * before.sum()
     assert torch.equal(refit.scale, refit.scale.half().float())  # stored scales stay representable
+
+
+def test_coordinate_descent_moves_a_code_that_rounding_fixed_too_early():
+    # Two strongly correlated inputs (H = [[1, .9], [.9, 1]]), grid step 1, zero 0, target [0.6, 0.6].
+    # Rounding gives codes [1, 1]: error e = [0.4, 0.4], e H e^T = 0.608. The gradient e H = [0.76, 0.76]
+    # moves the first column visited down by one step: e = [-0.6, 0.4], error 0.088, and then neither
+    # code has a better integer (gradients -0.24 and -0.14 are under half a step's curvature).
+    h = torch.tensor([[1.0, 0.9], [0.9, 1.0]])
+    start = QuantizedWeight(q=torch.tensor([[1, 1]], dtype=torch.uint8), scale=torch.ones(1, 1),
+                            zero=torch.zeros(1, 1, dtype=torch.int32), bits=4, group_size=-1, symmetric=False)
+    moved = coordinate_descent(start, torch.tensor([[0.6, 0.6]]), h, damp=0.0, sweeps=5)
+    assert sorted(moved.q[0].tolist()) == [0, 1]
+    e = moved.dequantize() - torch.tensor([[0.6, 0.6]])
+    assert abs(float(e @ h @ e.T) - 0.088) < 1e-6
+
+
+def test_coordinate_descent_lowers_gptqs_error_to_where_no_single_code_move_helps():
+    torch.manual_seed(0)
+    scheme = WeightScheme(4, 16, False, torch.float16)
+    x = torch.randn(1000, 48) @ torch.randn(48, 48) + torch.randn(48)
+    w, h = torch.randn(12, 48), input_hessian([x])
+    damp = 0.1
+    hd = (h + damp * h.diagonal().mean() * torch.eye(48)).double()
+    quantized = gptq_quantize(w, h, scheme, damp=damp, act_order=True, mse=True).weight
+    refined = coordinate_descent(quantized, w, h, damp, sweeps=50)
+
+    def row_errors(q: torch.Tensor) -> torch.Tensor:  # q: dequantized [rows, in]
+        d = (q.double() - w.double())
+        return ((d @ hd) * d).sum(dim=1)
+
+    before, after = row_errors(quantized.dequantize()), row_errors(refined.dequantize())
+    assert torch.all(after <= before * (1 + 1e-9)) and after.sum() < 0.99 * before.sum()
+    assert torch.equal(refined.scale, quantized.scale) and torch.equal(refined.zero, quantized.zero)
+    # converged: moving any one code one step either way raises its row's error (or leaves the grid)
+    base = refined.dequantize()
+    step = refined.scale.float().repeat_interleave(16, dim=1)
+    for sign in (1, -1):
+        for j in range(48):
+            codes = refined.q[:, j].float() + sign
+            on_grid = (codes >= 0) & (codes <= 15)
+            moved = base.clone()
+            moved[:, j] += sign * step[:, j]
+            assert torch.all((row_errors(moved) >= after * (1 - 1e-9)) | ~on_grid)
+
+
+def test_coordinate_descent_keeps_codes_already_at_their_best():
+    # With H = I each code's best integer is plain rounding's: nothing moves.
+    torch.manual_seed(0)
+    w = torch.randn(6, 32)
+    scheme = WeightScheme(4, 16, False, torch.float32)
+    rounded = rtn_quantize(w, scheme)
+    assert torch.equal(coordinate_descent(rounded, w, torch.eye(32), damp=0.01, sweeps=3).q, rounded.q)

@@ -108,3 +108,25 @@ def test_gptq_gives_the_same_weights_with_and_without_the_native_loops(monkeypat
     with_torch = gptq.gptq_quantize(w, x.T @ x, scheme, act_order=act_order, mse=mse).weight
     assert torch.equal(with_native.q, with_torch.q)
     assert torch.equal(with_native.scale, with_torch.scale) and torch.equal(with_native.zero, with_torch.zero)
+
+
+def test_coordinate_descent_equals_the_torch_loop():
+    g = torch.Generator().manual_seed(5)
+    rows, n, groups = 29, 80, 5
+    x = torch.randn(4 * n, n, generator=g) @ torch.randn(n, n, generator=g)
+    h = (x.T @ x / (4 * n) + torch.eye(n)).contiguous()
+    scale = (torch.rand(rows, groups, generator=g) * 0.1 + 0.01).contiguous()
+    codes = torch.randint(0, 16, (rows, n), generator=g).float()
+    column_group = (torch.arange(n) // (n // groups)).contiguous()
+    # codes a few steps off a target: (Q - T) H, as gptq.coordinate_descent starts it
+    offsets = torch.randn(rows, n, generator=g) * 2 * scale[:, column_group]
+    gradient = (offsets @ h).contiguous()
+    order = torch.randperm(n, generator=g)
+    results = []
+    for run in (native.module().coordinate_descent, gptq.coordinate_descent_torch):
+        c, grad = codes.clone(), gradient.clone()
+        moved = run(c, grad, h, scale, column_group, order, 15.0, 4)
+        results.append((c, grad, moved))
+    (c_native, g_native, moved_native), (c_torch, g_torch, moved_torch) = results
+    assert torch.equal(c_native, c_torch) and torch.equal(g_native, g_torch) and moved_native == moved_torch > 0
+    assert c_native.min() >= 0 and c_native.max() <= 15

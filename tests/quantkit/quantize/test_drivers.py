@@ -104,3 +104,19 @@ def test_refit_scales_keeps_the_codes_and_lowers_the_layers_output_errors(tiny_m
         assert not torch.equal(done[True].quantized[name].scale, done[False].quantized[name].scale)
     plain, refit = (sum(r.error for r in done[k].reports) for k in (False, True))
     assert refit < plain, (refit, plain)
+
+
+def test_coordinate_descent_moves_codes_and_lowers_the_layers_output_errors(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    done = {}
+    for sweeps in (0, 3):
+        with model.layer(0) as layer:
+            done[sweeps] = GPTQDriver(_gptq(refit_scales=True, dampening=0.1, act_order=True, coordinate_descent=sweeps),
+                                      "model.layers.0").quantize_layer(_staged(model, layer), hidden, rotary)
+    # q sees the same inputs either way: the descent changed some of its codes, on the same grid
+    q_plain, q_descended = (done[s].quantized["self_attn.q_proj"] for s in (0, 3))
+    assert torch.equal(q_plain.zero, q_descended.zero)
+    assert 0 < int((q_plain.q != q_descended.q).sum()) < q_plain.q.numel() // 4
+    plain, descended = (sum(r.error for r in done[s].reports) for s in (0, 3))
+    assert descended < plain, (descended, plain)
