@@ -51,6 +51,17 @@ def build_directory(source: Path, cflags: tuple[str, ...] = CFLAGS) -> Path:
     return directory
 
 
+def _source_copy(source: Path, directory: Path) -> Path:
+    """The source as built: a copy inside its build directory. torch's build file names the source by its path,
+    so building another checkout's identical source from where it lies would rebuild (~45 s) whenever the
+    checkout changes; the copy's path is the same for every checkout of the same source."""
+    copy = directory / source.name
+    text = source.read_bytes()
+    if not copy.exists() or copy.read_bytes() != text:
+        copy.write_bytes(text)
+    return copy
+
+
 @functools.cache
 def load(source: Path, cflags: tuple[str, ...] = CFLAGS):
     """The compiled module for source (built on first use, ~45 s; later processes load it), or None.
@@ -61,8 +72,9 @@ def load(source: Path, cflags: tuple[str, ...] = CFLAGS):
         # ninja may come from this venv's bin, which is not on PATH when the venv is not activated.
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         log.info("building the native CPU kernel %s (first use only)", source.name)
-        return load_extension(f"quantkit_{source.stem}", [str(source)], extra_cflags=list(cflags),
-                              build_directory=str(build_directory(source, cflags)), verbose=False)
+        directory = build_directory(source, cflags)
+        return load_extension(f"quantkit_{source.stem}", [str(_source_copy(source, directory))],
+                              extra_cflags=list(cflags), build_directory=str(directory), verbose=False)
     except Exception as exc:  # no compiler, no ninja, no headers: the torch path still works
         warnings.warn(f"native CPU kernel {source.name} unavailable ({type(exc).__name__}: {str(exc)[:200]}); "
                       "using the torch path", stacklevel=3)
