@@ -238,6 +238,12 @@ def _group_params(w: torch.Tensor, scheme: WeightScheme,
     return scale.reshape(out_features, groups), zero.reshape(out_features, groups)
 
 
+def damped_hessian(hessian: torch.Tensor, damp: float) -> torch.Tensor:
+    """H + damp * mean(diag H) * I in float32: the output error that GPTQ, refit_scales and coordinate_descent
+    all minimize."""
+    return hessian.float() + damp * float(hessian.diagonal().mean()) * torch.eye(hessian.shape[0])
+
+
 def refit_scales(quantized: QuantizedWeight, target: torch.Tensor, hessian: torch.Tensor, damp: float,
                  scale_dtype: torch.dtype = torch.float16) -> QuantizedWeight:
     """Keep the codes and zero points, and re-solve each row's group scales by least squares on the
@@ -252,7 +258,7 @@ def refit_scales(quantized: QuantizedWeight, target: torch.Tensor, hessian: torc
     width = in_features // groups
     if quantized.g_idx is not None or groups * width != in_features:
         return quantized  # only contiguous groups
-    h = hessian.float() + damp * float(hessian.diagonal().mean()) * torch.eye(in_features)
+    h = damped_hessian(hessian, damp)
     codes = quantized.q.float() - quantized.zero.float().repeat_interleave(width, dim=1)  # A, [out, in]
     r = (codes * (target.float() @ h)).view(out_features, groups, width).sum(-1).double()
     m = torch.empty(out_features, groups, groups)
@@ -275,7 +281,6 @@ def refit_scales(quantized: QuantizedWeight, target: torch.Tensor, hessian: torc
                            group_size=quantized.group_size, symmetric=quantized.symmetric)
 
 
-
 def coordinate_descent(quantized: QuantizedWeight, target: torch.Tensor, hessian: torch.Tensor, damp: float,
                        sweeps: int) -> QuantizedWeight:
     """Revisit GPTQ's codes by cyclic coordinate descent on the same damped output error
@@ -285,13 +290,11 @@ def coordinate_descent(quantized: QuantizedWeight, target: torch.Tensor, hessian
     integer that minimizes its row's error with every other code held (the error is quadratic in one code:
     the nearest integer to the unconstrained optimum, clamped to the grid), columns visited by decreasing H
     diagonal, until a sweep changes nothing or ``sweeps`` ran. No step raises the error."""
-    in_features = target.shape[1]
-    h = (hessian.float() + damp * float(hessian.diagonal().mean()) * torch.eye(in_features)).contiguous()
+    h = damped_hessian(hessian, damp).contiguous()
     column_group = quantized.group_index().contiguous()
     codes = quantized.q.float().contiguous()
     scale = quantized.scale.float().contiguous()
-    dequantized = (codes - quantized.zero.float()[:, column_group]) * scale[:, column_group]
-    gradient = ((dequantized - target.float()) @ h).contiguous()  # (Q - T) H, kept up to date as codes move
+    gradient = ((quantized.dequantize() - target.float()) @ h).contiguous()  # (Q - T) H, kept up to date as codes move
     order = torch.argsort(h.diagonal(), descending=True).contiguous()
     max_q = 2**quantized.bits - 1
     native = native_loops.module()

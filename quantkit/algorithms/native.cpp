@@ -256,7 +256,6 @@ std::vector<torch::Tensor> clip_search(torch::Tensor w, torch::Tensor blocks, to
   return {best_low, best_high};
 }
 
-
 // codes [rows, n] float32 (integers 0..max_q), updated in place; gradient [rows, n] float32: (Q - T) H, kept up to
 // date as codes change; hessian [n, n] float32 (damped); scale [rows, groups] float32; column_group [n] int64;
 // order [n] int64: the columns in the order each sweep visits them. Each row independently: every column's code
