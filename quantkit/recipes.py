@@ -59,6 +59,11 @@ class AWQMethod(_Strict):
     n_grid: int = Field(20, ge=2)
     # the clip search also shrinks each group's min and max by separate steps (asymmetric weights only)
     clip_independent: bool = False
+    # after the clip search and rounding, sweeps of coordinate descent over the codes on each linear's scaled
+    # output error, group scales held (see algorithms.gptq.coordinate_descent); 0 = off. It has a damping of
+    # its own: lightly damped, it over-fits the calibration text (docs/quantization-experiments.md, AWQ)
+    coordinate_descent: int = Field(0, ge=0)
+    descent_dampening: float = Field(1.0, gt=0, le=100)
 
 
 class GPTQMethod(_Strict):

@@ -11,8 +11,8 @@
 - FP8 casts weights per output channel (no data); static recipes take each stage's input absmax as its
   per-tensor input scale, with the fp8 outputs of earlier stages propagating.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
-  (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down); the next layer gets the
-  unquantized output, as AutoAWQ does.
+  (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down), optionally refines the
+  rounded codes by coordinate descent; the next layer gets the unquantized output, as AutoAWQ does.
 """
 
 from __future__ import annotations
@@ -242,11 +242,14 @@ class AWQDriver(Driver):
         for name in self.targets(tuple(originals)):
             linear = staged.linear(name)
             scaled_hessian, hessian = hessians[name]
-            weight = linear.weight.detach().float()
+            scaled = weight = linear.weight.detach().float()
             if options.clip and not name.endswith(("q_proj", "k_proj")):
                 weight = awq.search_clip(weight, scaled_hessian, self.scheme, n_grid=options.n_grid,
                                          independent=options.clip_independent)
             qw = rtn_quantize(weight, self.scheme)
+            if options.coordinate_descent:  # clipping chose the grid; the codes fit the unclipped weight
+                qw = gptq.coordinate_descent(qw, scaled, scaled_hessian, options.descent_dampening,
+                                             options.coordinate_descent)
             result.quantized[name] = qw
             effective = qw.dequantize() * row_scale[name][:, None] / col_scale[name][None, :]
             result.reports.append(LinearReport(

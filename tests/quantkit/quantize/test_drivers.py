@@ -4,7 +4,7 @@ import torch
 
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.algorithms import gptq
-from quantkit.quantize.drivers import GPTQDriver, StageData
+from quantkit.quantize.drivers import AWQDriver, GPTQDriver, StageData
 from quantkit.quantize.staged import StagedLayer, evenly_spaced
 from quantkit.recipes import Recipe
 
@@ -120,3 +120,23 @@ def test_coordinate_descent_moves_codes_and_lowers_the_layers_output_errors(tiny
     assert 0 < int((q_plain.q != q_descended.q).sum()) < q_plain.q.numel() // 4
     plain, descended = (sum(r.error for r in done[s].reports) for s in (0, 3))
     assert descended < plain, (descended, plain)
+
+
+def test_coordinate_descent_after_awq_keeps_the_grid_and_lowers_the_layers_output_errors(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    done = {}
+    for sweeps in (0, 3):
+        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32},
+                                        "quantization": {"method": "awq", "clip_independent": True,
+                                                         "coordinate_descent": sweeps}})
+        with model.layer(0) as layer:
+            done[sweeps] = AWQDriver(recipe, "model.layers.0").quantize_layer(_staged(model, layer), hidden, rotary)
+    # the same scales and clipping either way (AWQ's searches run before the descent): only codes moved
+    for name, rounded in done[0].quantized.items():
+        descended = done[3].quantized[name]
+        assert torch.equal(rounded.scale, descended.scale) and torch.equal(rounded.zero, descended.zero)
+    moved = sum(int((done[0].quantized[n].q != done[3].quantized[n].q).sum()) for n in done[0].quantized)
+    assert moved > 0
+    rounded, descended = (sum(r.error for r in done[s].reports) for s in (0, 3))
+    assert descended < rounded, (descended, rounded)
