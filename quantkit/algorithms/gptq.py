@@ -289,7 +289,8 @@ def coordinate_descent(quantized: QuantizedWeight, target: torch.Tensor, hessian
     after it, so no code is revisited once the later ones are known. Here each code in turn moves to the
     integer that minimizes its row's error with every other code held (the error is quadratic in one code:
     the nearest integer to the unconstrained optimum, clamped to the grid), columns visited by decreasing H
-    diagonal, until a sweep changes nothing or ``sweeps`` ran. No step raises the error."""
+    diagonal, until a sweep changes nothing or ``sweeps`` ran. No step raises the error. AWQ's driver runs it
+    on its rounded codes too (the scaled weight as target, its own damping)."""
     h = damped_hessian(hessian, damp).contiguous()
     column_group = quantized.group_index().contiguous()
     codes = quantized.q.float().contiguous()
