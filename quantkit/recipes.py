@@ -64,6 +64,9 @@ class AWQMethod(_Strict):
     # its own: lightly damped, it over-fits the calibration text (docs/quantization-experiments.md, AWQ)
     coordinate_descent: int = Field(0, ge=0)
     descent_dampening: float = Field(1.0, gt=0, le=100)
+    # the descent weighs tokens as GPTQ does: v_proj per KV head by the attention each token receives,
+    # o_proj / down_proj by 1 / rms^2 of the residual stream they feed (the scale and clip searches do not)
+    descent_weighted: bool = False
 
 
 class GPTQMethod(_Strict):

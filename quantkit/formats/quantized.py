@@ -39,6 +39,11 @@ class QuantizedWeight:
             return self.g_idx.long()
         return torch.arange(self.q.shape[1]) // self.group_width
 
+    def rows(self, start: int, end: int) -> QuantizedWeight:
+        """Output rows [start, end) (e.g. one attention head's), sharing this weight's storage."""
+        return QuantizedWeight(q=self.q[start:end], scale=self.scale[start:end], zero=self.zero[start:end],
+                               bits=self.bits, group_size=self.group_size, symmetric=self.symmetric, g_idx=self.g_idx)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         out_features, in_features = self.q.shape
         groups, width = self.scale.shape[1], self.group_width

@@ -12,7 +12,9 @@
   per-tensor input scale, with the fp8 outputs of earlier stages propagating.
 - AWQ observes one pass with the original weights, then searches scales and clipping per mapping
   (norm -> q/k/v, v -> o when shapes match, norm -> gate/up, up -> down), optionally refines the
-  rounded codes by coordinate descent; the next layer gets the unquantized output, as AutoAWQ does.
+  rounded codes by coordinate descent (optionally on GPTQ's token weights: v_proj per KV head by the
+  attention received, o/down by the residual stream); the next layer gets the unquantized output, as
+  AutoAWQ does.
 """
 
 from __future__ import annotations
@@ -221,9 +223,15 @@ class AWQDriver(Driver):
         options = self.recipe.quantization
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
+        lengths = sample_lengths(rotary)
+        # with descent_weighted, the descent's own Hessians (per KV head for v_proj), tokens weighted as GPTQ's
+        descent_hessians: dict[str, list[torch.Tensor]] = {}
+
         def observe(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
-            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / sum(sample_lengths(rotary))
+            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / sum(lengths)
             observed[names] = (gptq.input_hessian(inputs), x_mean)
+            if options.coordinate_descent and options.descent_weighted:
+                descent_hessians.update(self._weighted_hessians(staged, names, inputs, residual, rotary))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -248,13 +256,42 @@ class AWQDriver(Driver):
                                          independent=options.clip_independent)
             qw = rtn_quantize(weight, self.scheme)
             if options.coordinate_descent:  # clipping chose the grid; the codes fit the unclipped weight
-                qw = gptq.coordinate_descent(qw, scaled, scaled_hessian, options.descent_dampening,
-                                             options.coordinate_descent)
+                hessians_of_rows = ([awq.scale_hessian(h, col_scale[name]) for h in descent_hessians[name]]
+                                    if name in descent_hessians else [scaled_hessian])
+                qw = self._descend(qw, scaled, hessians_of_rows)
             result.quantized[name] = qw
             effective = qw.dequantize() * row_scale[name][:, None] / col_scale[name][None, :]
             result.reports.append(LinearReport(
                 f"{self.prefix}.{name}", "awq", *relative_errors(originals[name], hessian, self.scheme, effective)))
         return result
+
+    @staticmethod
+    def _weighted_hessians(staged: StagedLayer, names: tuple[str, ...], inputs: Activations,
+                           residual: Activations | None, rotary: list[Rotary]) -> dict[str, list[torch.Tensor]]:
+        """The Hessians GPTQ fits these linears on: v_proj one per KV head, tokens weighted by the attention
+        they receive; o_proj and down_proj tokens weighted by 1 / rms^2 of the residual stream they feed. Fitted
+        on a plain Hessian, the descent spends its freedom on tokens (the attention sink) whose errors matter
+        more or less than their count (docs/quantization-experiments.md, AWQ)."""
+        lengths = sample_lengths(rotary)
+        if names == STAGES[0]:
+            received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
+                                     staged.num_kv_heads)
+            return {"self_attn.v_proj": [gptq.input_hessian(inputs, list(received[head].split(lengths)))
+                                         for head in range(staged.num_kv_heads)]}
+        if residual is None:
+            return {}
+        hessian = gptq.input_hessian(inputs, residual_token_weights(residual, lengths))
+        return {name: [hessian] for name in names}
+
+    def _descend(self, rounded: QuantizedWeight, target: torch.Tensor,
+                 hessians_of_rows: list[torch.Tensor]) -> QuantizedWeight:
+        """Coordinate descent over the codes; the rows split evenly over the Hessians (one per KV head, or one)."""
+        options = self.recipe.quantization
+        rows = rounded.shape[0] // len(hessians_of_rows)
+        return stack_rows([gptq.coordinate_descent(rounded.rows(i * rows, (i + 1) * rows),
+                                                   target[i * rows:(i + 1) * rows], hessian,
+                                                   options.descent_dampening, options.coordinate_descent)
+                           for i, hessian in enumerate(hessians_of_rows)])
 
     @staticmethod
     def _previous_ops(staged: StagedLayer) -> list[str | None]:

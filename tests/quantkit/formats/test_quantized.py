@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats.quantized import QuantizedWeight, stack_rows
 from tests.quantkit.formats.test_compressed_tensors import random_qweight
 
 
@@ -30,3 +30,11 @@ def test_permuted_groups_follow_g_idx():
     dense = permuted.dequantize()
     assert torch.equal(dense[:, 0], (qw.q[:, 0].float() - qw.zero[:, 1].float()) * qw.scale[:, 1])
     assert not torch.equal(dense, qw.dequantize())
+
+
+def test_row_blocks_stack_back_into_the_weight_they_came_from():
+    qw = random_qweight(12, 32, 4, 16, False, seed=3)
+    blocks = [qw.rows(0, 4), qw.rows(4, 8), qw.rows(8, 12)]
+    assert torch.equal(blocks[1].dequantize(), qw.dequantize()[4:8])
+    stacked = stack_rows(blocks)
+    assert all(torch.equal(getattr(stacked, f), getattr(qw, f)) for f in ("q", "scale", "zero"))

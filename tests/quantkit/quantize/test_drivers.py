@@ -3,7 +3,7 @@
 import torch
 
 from quantkit.calibration.layerwise import LayerwiseModel
-from quantkit.algorithms import gptq
+from quantkit.algorithms import awq, gptq
 from quantkit.quantize.drivers import AWQDriver, GPTQDriver, StageData
 from quantkit.quantize.staged import StagedLayer, evenly_spaced
 from quantkit.recipes import Recipe
@@ -140,3 +140,36 @@ def test_coordinate_descent_after_awq_keeps_the_grid_and_lowers_the_layers_outpu
     assert moved > 0
     rounded, descended = (sum(r.error for r in done[s].reports) for s in (0, 3))
     assert descended < rounded, (descended, rounded)
+
+
+def test_weighted_descent_after_awq_fits_v_proj_to_the_attention_each_token_receives(tiny_model):
+    """descent_weighted: v_proj's codes are fitted per KV head on tokens weighted by the attention they
+    receive, so its error as the attention output sees it is lower than with a plain Hessian."""
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    done = {}
+    for weighted in (False, True):
+        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32},
+                                        "quantization": {"method": "awq", "coordinate_descent": 3,
+                                                         "descent_dampening": 0.01, "descent_weighted": weighted}})
+        with model.layer(0) as layer:
+            staged = _staged(model, layer)
+            done[weighted] = AWQDriver(recipe, "model.layers.0").quantize_layer(staged, hidden, rotary).quantized
+            # the layer now holds AWQ's scales (the same either way: the searches run before the descent)
+            inputs = [staged.attention_input(h) for h in hidden]
+            received = [staged.attention_received(x, r) for x, r in zip(inputs, rotary)]
+            scaled = staged.linear("self_attn.v_proj").weight.detach().float()
+    heads = staged.num_kv_heads
+    rows = scaled.shape[0] // heads
+    hessians = [gptq.input_hessian(inputs, [r[h] for r in received]) for h in range(heads)]
+
+    def error_the_attention_sees(name: str, weighted: bool) -> float:
+        q = done[weighted][name].dequantize()
+        return sum(awq.output_error(scaled[h * rows:(h + 1) * rows], q[h * rows:(h + 1) * rows], hessians[h])
+                   for h in range(heads))
+
+    assert error_the_attention_sees("self_attn.v_proj", True) < error_the_attention_sees("self_attn.v_proj", False)
+    for name in ("self_attn.o_proj", "mlp.down_proj"):  # fitted on the residual stream's token weights
+        assert not torch.equal(done[True][name].q, done[False][name].q), name
+    for name in ("self_attn.q_proj", "mlp.up_proj"):  # no token weights: the same descent
+        assert torch.equal(done[True][name].q, done[False][name].q), name
