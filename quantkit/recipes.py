@@ -90,6 +90,9 @@ class GPTQMethod(_Strict):
     # after GPTQ (and refit_scales), sweeps of coordinate descent over the codes on the same output error
     # (see algorithms.gptq.coordinate_descent); 0 = off
     coordinate_descent: int = Field(0, ge=0)
+    # the descent's damping (None: GPTQ's). Heavier than GPTQ's it keeps the codes nearer the weight, which
+    # generalizes past the calibration text better (docs/quantization-experiments.md, GPTQ)
+    descent_dampening: float | None = Field(None, gt=0, le=100)
     # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
     # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine that runs the
     # same BLAS code path

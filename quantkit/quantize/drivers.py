@@ -190,8 +190,8 @@ class GPTQDriver(Driver):
         if options.refit_scales and not done.rtn_fallback:
             done.weight = gptq.refit_scales(done.weight, weight, data.hessian, done.damp, self.scale_dtype)
         if options.coordinate_descent and not done.rtn_fallback:
-            done.weight = gptq.coordinate_descent(done.weight, weight, data.hessian, done.damp,
-                                                  options.coordinate_descent)
+            damp = done.damp if options.descent_dampening is None else options.descent_dampening
+            done.weight = gptq.coordinate_descent(done.weight, weight, data.hessian, damp, options.coordinate_descent)
             if options.refit_scales:  # the codes moved: their best scales did too
                 done.weight = gptq.refit_scales(done.weight, weight, data.hessian, done.damp, self.scale_dtype)
         note = "RTN fallback: H not positive definite" if done.rtn_fallback else (

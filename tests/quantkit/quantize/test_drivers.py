@@ -122,6 +122,25 @@ def test_coordinate_descent_moves_codes_and_lowers_the_layers_output_errors(tiny
     assert descended < plain, (descended, plain)
 
 
+def test_heavier_descent_dampening_keeps_gptqs_codes_nearer_the_weight(tiny_model):
+    """descent_dampening trades the calibration output error for distance to the weight (a regularizer)."""
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    done = {}
+    for descent_dampening in (None, 10.0):
+        with model.layer(0) as layer:
+            staged = _staged(model, layer)
+            original = staged.linear("self_attn.q_proj").weight.detach().float().clone()
+            done[descent_dampening] = GPTQDriver(
+                _gptq(dampening=0.1, act_order=True, coordinate_descent=3, descent_dampening=descent_dampening),
+                "model.layers.0").quantize_layer(staged, hidden, rotary)
+    # q_proj sees the same inputs either way
+    q = {d: done[d].quantized["self_attn.q_proj"].dequantize() for d in done}
+    output_error = {d: next(r.error for r in done[d].reports if r.name.endswith("q_proj")) for d in done}
+    assert (q[10.0] - original).pow(2).sum() < (q[None] - original).pow(2).sum()
+    assert output_error[10.0] > output_error[None]
+
+
 def test_coordinate_descent_after_awq_keeps_the_grid_and_lowers_the_layers_output_errors(tiny_model):
     model = LayerwiseModel(tiny_model)
     hidden, rotary = _layer_inputs(model)
