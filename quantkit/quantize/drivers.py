@@ -27,9 +27,9 @@ import torch
 from quantkit.algorithms import awq, fp8, gptq
 from quantkit.algorithms.rtn import fake_quantize, rtn_quantize
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
-from quantkit.quantize.staged import (STAGES, Activations, Keep, Rotary, StagedLayer, gather_tokens,
-                                      evenly_spaced, residual_token_weights, run_paired_stages, run_stages,
-                                      sample_lengths)
+from quantkit.quantize.staged import (STAGES, Activations, Keep, Rotary, StagedLayer, evenly_spaced,
+                                      residual_token_weights, run_paired_stages, run_stages, sample_lengths,
+                                      value_token_weights)
 from quantkit.recipes import Recipe
 
 
@@ -204,13 +204,10 @@ class GPTQDriver(Driver):
         """v_proj, one KV head's rows at a time, with tokens weighted by the attention they receive:
         a plain Hessian counts an attention-sink token once, although most queries read its value."""
         lengths = sample_lengths(rotary)
-        received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
-                                 staged.num_kv_heads)
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
-        for head in range(staged.num_kv_heads):
-            data = StageData.of(inputs, reference_inputs, list(received[head].split(lengths)), self.hessian_dtype,
-                                picks, lengths)
+        for head, token_weights in enumerate(value_token_weights(staged, inputs, rotary)):
+            data = StageData.of(inputs, reference_inputs, token_weights, self.hessian_dtype, picks, lengths)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)
@@ -272,15 +269,12 @@ class AWQDriver(Driver):
         they receive; o_proj and down_proj tokens weighted by 1 / rms^2 of the residual stream they feed. Fitted
         on a plain Hessian, the descent spends its freedom on tokens (the attention sink) whose errors matter
         more or less than their count (docs/quantization-experiments.md, AWQ)."""
-        lengths = sample_lengths(rotary)
         if names == STAGES[0]:
-            received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
-                                     staged.num_kv_heads)
-            return {"self_attn.v_proj": [gptq.input_hessian(inputs, list(received[head].split(lengths)))
-                                         for head in range(staged.num_kv_heads)]}
+            return {"self_attn.v_proj": [gptq.input_hessian(inputs, token_weights)
+                                         for token_weights in value_token_weights(staged, inputs, rotary)]}
         if residual is None:
             return {}
-        hessian = gptq.input_hessian(inputs, residual_token_weights(residual, lengths))
+        hessian = gptq.input_hessian(inputs, residual_token_weights(residual, sample_lengths(rotary)))
         return {name: [hessian] for name in names}
 
     def _descend(self, rounded: QuantizedWeight, target: torch.Tensor,

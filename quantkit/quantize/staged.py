@@ -245,3 +245,13 @@ def residual_token_weights(residual: Activations, lengths: list[int]) -> list[to
     general text and -0.76% [-1.09, -0.44] paired on the business sets."""
     weights = gather_tokens((1.0 / r.pow(2).mean(dim=-1).clamp(min=1e-12) for r in residual), lengths)
     return list(weights.split(lengths))
+
+
+@torch.no_grad()
+def value_token_weights(staged: StagedLayer, inputs: Activations, rotary: list[Rotary]) -> list[list[torch.Tensor]]:
+    """v_proj's token weights, per KV head and sample ([tokens] each): the attention each token's value receives
+    (StagedLayer.attention_received)."""
+    lengths = sample_lengths(rotary)
+    received = gather_tokens((staged.attention_received(x, r) for x, r in zip(inputs, rotary)), lengths,
+                             staged.num_kv_heads)
+    return [list(received[head].split(lengths)) for head in range(staged.num_kv_heads)]
