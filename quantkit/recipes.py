@@ -20,7 +20,7 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantkit.algorithms.gptq import resolve_hessian_dtype
+from quantkit.algorithms.gptq import resolve_compute_dtype
 from quantkit.algorithms.rtn import WeightScheme
 from quantkit.errors import QuantkitError
 from quantkit.yaml_files import load_yaml_model
@@ -94,9 +94,13 @@ class GPTQMethod(_Strict):
     # generalizes past the calibration text better (docs/quantization-experiments.md, GPTQ)
     descent_dampening: float | None = Field(None, gt=0, le=100)
     # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
-    # algorithms.gptq.resolve_hessian_dtype); "float32" gives the same bytes on every machine that runs the
+    # algorithms.gptq.resolve_compute_dtype); "float32" gives the same bytes on every machine that runs the
     # same BLAS code path
     hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # what the layer's own linears and attention run in while calibrating (their outputs are the next
+    # stage's inputs): "auto" as hessian_dtype. Results and the residual stream stay float32; see
+    # quantize.staged.StagedLayer
+    forward_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @model_validator(mode="after")
     def _fp_target_samples(self) -> GPTQMethod:
@@ -107,7 +111,11 @@ class GPTQMethod(_Strict):
 
     def hessian_torch_dtype(self) -> torch.dtype:
         """What hessian_dtype resolves to on this machine."""
-        return resolve_hessian_dtype(self.hessian_dtype)
+        return resolve_compute_dtype(self.hessian_dtype)
+
+    def forward_torch_dtype(self) -> torch.dtype:
+        """What forward_dtype resolves to on this machine."""
+        return resolve_compute_dtype(self.forward_dtype)
 
 
 class FP8Method(_Strict):

@@ -30,8 +30,8 @@ class GPTQResult:
 BLOCK_ROWS = {torch.float32: 128, torch.bfloat16: 192}
 
 
-def resolve_hessian_dtype(choice: str) -> torch.dtype:
-    """A recipe's ``hessian_dtype``: "auto" is bfloat16 where the CPU multiplies it natively (AMX, or
+def resolve_compute_dtype(choice: str) -> torch.dtype:
+    """A recipe's ``hessian_dtype`` or ``forward_dtype``: "auto" is bfloat16 where the CPU multiplies it natively (AMX, or
     AVX-512 BF16 as on AMD Zen 4 and 5: 2.5-3.5x float32's speed on the Hessians), float32 elsewhere
     (bfloat16 would be emulated, and slower)."""
     if choice == "auto":

@@ -67,6 +67,10 @@ class Driver:
     def targets(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
 
+    def forward_dtype(self) -> torch.dtype:
+        """What the staged layer's linears and attention run in (see StagedLayer)."""
+        return torch.float32
+
     def reference_picks(self, num_samples: int) -> list[int] | None:
         """Which calibration samples the full-precision model's stream should run on for this driver
         (None: it reads no such stream)."""
@@ -133,6 +137,9 @@ class GPTQDriver(Driver):
         super().__init__(recipe, prefix, scale_dtype, keep)
         self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
 
+    def forward_dtype(self) -> torch.dtype:
+        return self.recipe.quantization.forward_torch_dtype()
+
     def reference_picks(self, num_samples: int) -> list[int] | None:
         options = self.recipe.quantization
         return evenly_spaced(options.fp_target_samples, num_samples) if options.fp_targets > 0 else None
@@ -171,7 +178,8 @@ class GPTQDriver(Driver):
 
         if picks is not None and reference_hidden is not None:
             reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
-                                    staged.head_dim, reuse_rotated=staged.reuse_rotated)
+                                    staged.head_dim, reuse_rotated=staged.reuse_rotated,
+                                    forward_dtype=staged.forward_dtype)
             result.outputs, result.reference_outputs = run_paired_stages(
                 staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep, picks)
         else:

@@ -85,9 +85,9 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
-            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                                 reuse_rotated=not activations.offloaded)
             driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
+            staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
+                                 reuse_rotated=not activations.offloaded, forward_dtype=driver.forward_dtype())
             done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:

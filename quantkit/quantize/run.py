@@ -94,7 +94,9 @@ def _compute_dtypes(recipe: Recipe) -> dict:
     """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
     if recipe.quantization.method != "gptq":
         return {}
-    return {"hessian": str(recipe.quantization.hessian_torch_dtype()).removeprefix("torch.")}
+    method = recipe.quantization
+    return {"hessian": str(method.hessian_torch_dtype()).removeprefix("torch."),
+            "forward": str(method.forward_torch_dtype()).removeprefix("torch.")}
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:

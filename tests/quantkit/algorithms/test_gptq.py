@@ -1,7 +1,7 @@
 import torch
 
 from quantkit.algorithms.gptq import (coordinate_descent, fp_target_weight, gptq_quantize, input_hessian,
-                                      input_error_cross, inverse_hessian_factor, refit_scales, resolve_hessian_dtype,
+                                      input_error_cross, inverse_hessian_factor, refit_scales, resolve_compute_dtype,
                                       target_errors)
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize, rtn_quantize
 from quantkit.formats.quantized import QuantizedWeight
@@ -101,13 +101,13 @@ def test_gptq_on_a_bfloat16_hessian_is_as_good_as_on_a_float32_one():
 
 
 def test_auto_hessian_dtype_is_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
-    assert resolve_hessian_dtype("float32") == torch.float32
-    assert resolve_hessian_dtype("bfloat16") == torch.bfloat16
+    assert resolve_compute_dtype("float32") == torch.float32
+    assert resolve_compute_dtype("bfloat16") == torch.bfloat16
     for amx, avx512_bf16, expected in ((True, False, torch.bfloat16), (False, True, torch.bfloat16),
                                        (False, False, torch.float32)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=avx512_bf16: b, raising=False)
-        assert resolve_hessian_dtype("auto") == expected
+        assert resolve_compute_dtype("auto") == expected
 
 
 def test_dead_inputs_zero_their_columns():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-from quantkit.algorithms.gptq import resolve_hessian_dtype
+from quantkit.algorithms.gptq import resolve_compute_dtype
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.models import load_model
 from quantkit.quantize.drivers import AWQDriver
@@ -56,11 +56,11 @@ def test_methods_beat_rounding_on_every_layer_on_average(checkpoints, recipe):
     assert_beats_rounding(checkpoints[recipe][1], linears=2 * 7)
 
 
-def test_provenance_says_what_the_hessians_ran_in_on_this_machine(checkpoints):
+def test_provenance_says_what_the_hessians_and_forward_ran_in_on_this_machine(checkpoints):
     compute = {recipe: json.loads((path / "quantkit.json").read_text())["compute"]
                for recipe, (path, _) in checkpoints.items()}
-    here = str(resolve_hessian_dtype("auto")).removeprefix("torch.")
-    assert compute["gptq-w4a16-g64"] == compute["gptq-w4a16-g64-fp-targets"] == {"hessian": here}
+    here = str(resolve_compute_dtype("auto")).removeprefix("torch.")
+    assert compute["gptq-w4a16-g64"] == compute["gptq-w4a16-g64-fp-targets"] == {"hessian": here, "forward": here}
     assert compute["rtn-w4a16-g64"] == {} and compute["awq-w4a16-g64"] == {}
 
 

@@ -26,6 +26,40 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_bfloat16_forward_stays_within_bfloat16_rounding_of_float32_and_returns_float32(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    torch.manual_seed(0)
+    hidden = torch.randn(23, config.hidden_size)
+    rotary = model.position_embeddings(hidden[None])
+    dim = config.hidden_size // config.num_attention_heads
+    with model.layer(1) as layer:
+        exact = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim).forward(hidden, rotary)
+        low = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim,
+                          forward_dtype=torch.bfloat16).forward(hidden, rotary)
+    assert low.dtype == torch.float32
+    # what the layer adds to the stream, off by about bfloat16's 2^-9 relative rounding, not more, and not 0
+    added, error = exact - hidden, low - exact
+    relative = float(error.norm() / added.norm())
+    assert 1e-4 < relative < 2e-2
+
+
+def test_bfloat16_forward_casts_a_weight_again_after_a_method_replaces_or_edits_it(tiny_model):
+    model = LayerwiseModel(tiny_model)
+    config = model.config
+    x = torch.randn(5, config.hidden_size)
+    with model.layer(0) as layer:
+        staged = StagedLayer(layer, 4, 2, config.hidden_size // 4, forward_dtype=torch.bfloat16)
+        linear = layer.mlp.up_proj
+        staged.apply(linear, x)
+        linear.weight.data = torch.zeros_like(linear.weight)  # replaced, as drivers load quantized weights
+        assert staged.apply(linear, x).abs().max() == 0
+        with torch.no_grad():
+            linear.weight.add_(1.0)  # edited in place, as AWQ folds its scales
+        torch.testing.assert_close(staged.apply(linear, x), x.bfloat16().float().sum(dim=-1, keepdim=True)
+                                   .expand(-1, linear.out_features), rtol=1e-2, atol=1e-2)
+
+
 def test_attention_received_hand_case_uniform_attention(tiny_model):
     # With q = 0 every query attends uniformly to itself and all earlier tokens: a_ij = 1 / (i + 1),
     # so token j receives sum_{i >= j} 1 / (i + 1)^2 from each of the 2 query heads per KV head.
