@@ -88,5 +88,6 @@ def run_llmcompressor(method: str, model_dir: Path, calib_dir: Path, out_dir: Pa
         "method": method,
         "wall_s": result["wall_s"],
         "peak_rss_mb": result["peak_rss_mb"],
+        "dtype": result["dtype"],  # bfloat16 where the CPU has it natively: the peer's fastest
         "path": str(out_dir),
     }

@@ -57,7 +57,7 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
                                    "method": compared_as[recipe]})
             for method in peer_methods:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
-                rows.append(row | {"name": f"llm-compressor {method}", "seed": seed})
+                rows.append(row | {"name": f"llm-compressor {method} ({row['dtype']})", "seed": seed})
         ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
     baseline = ppl[str(path)]
     for row in rows:
