@@ -7,6 +7,12 @@ from quantkit.quantize.staged import (STAGES, StagedLayer, evenly_spaced, gather
                                       run_stages)
 
 
+def staged_layer(layer, config, **options) -> StagedLayer:
+    """A StagedLayer with the tiny model's head layout."""
+    return StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads,
+                       config.hidden_size // config.num_attention_heads, **options)
+
+
 def test_staged_layer_equals_the_transformers_layer(tiny_model):
     model = LayerwiseModel(tiny_model)
     config = model.config
@@ -15,8 +21,7 @@ def test_staged_layer_equals_the_transformers_layer(tiny_model):
     rotary = [model.position_embeddings(h[None]) for h in hidden]
     seen = []
     with model.layer(1) as layer:
-        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads,
-                             config.hidden_size // config.num_attention_heads)
+        staged = staged_layer(layer, config)
         ours = run_stages(staged, hidden, rotary,
                           lambda names, inputs, residual: seen.append((names, len(inputs), residual is None)))
         reference = [model.run_layer(layer, h[None], r)[0] for h, r in zip(hidden, rotary)]
@@ -32,11 +37,9 @@ def test_bfloat16_forward_stays_within_bfloat16_rounding_of_float32_and_returns_
     torch.manual_seed(0)
     hidden = torch.randn(23, config.hidden_size)
     rotary = model.position_embeddings(hidden[None])
-    dim = config.hidden_size // config.num_attention_heads
     with model.layer(1) as layer:
-        exact = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim).forward(hidden, rotary)
-        low = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim,
-                          forward_dtype=torch.bfloat16).forward(hidden, rotary)
+        exact = staged_layer(layer, config).forward(hidden, rotary)
+        low = staged_layer(layer, config, forward_dtype=torch.bfloat16).forward(hidden, rotary)
     assert low.dtype == torch.float32
     # what the layer adds to the stream, off by about bfloat16's 2^-9 relative rounding, not more, and not 0
     added, error = exact - hidden, low - exact
@@ -110,8 +113,7 @@ def test_attention_core_reuses_the_rotated_qk_of_attention_received_only_while_t
     x = torch.randn(9, config.hidden_size)
     rotary = model.position_embeddings(x[None])
     with model.layer(0) as layer:
-        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads,
-                             config.hidden_size // config.num_attention_heads)
+        staged = staged_layer(layer, config)
         fresh = staged.attention_core(x, rotary)
         staged.attention_received(x, rotary)
         assert torch.equal(staged.attention_core(x, rotary), fresh) and not staged._rotated  # taken once
@@ -138,12 +140,10 @@ def test_paired_stages_keep_the_reference_layer_untouched(tiny_model):
     hidden = [torch.randn(n, config.hidden_size) for n in (7, 11)]
     other = [h + 0.1 * torch.randn_like(h) for h in hidden]
     rotary = [model.position_embeddings(h[None]) for h in hidden]
-    dim = config.hidden_size // config.num_attention_heads
     with model.layer(1) as layer:
-        original = run_stages(StagedLayer(copy.deepcopy(layer), config.num_attention_heads,
-                                          config.num_key_value_heads, dim), other, rotary, lambda *_: None)
-        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, dim)
-        reference = StagedLayer(copy.deepcopy(layer), config.num_attention_heads, config.num_key_value_heads, dim)
+        original = run_stages(staged_layer(copy.deepcopy(layer), config), other, rotary, lambda *_: None)
+        staged = staged_layer(layer, config)
+        reference = staged_layer(copy.deepcopy(layer), config)
         seen = []
 
         def hook(names, inputs, reference_inputs, residual):
