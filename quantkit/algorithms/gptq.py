@@ -6,7 +6,7 @@ gives the same result, because damping is relative to its mean diagonal).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +28,10 @@ class GPTQResult:
 # Hessian products: 128-row blocks of the upper triangle measured fastest in float32, 192-row blocks
 # in bfloat16 (1 thread, Xeon with AMX, 512 tokens x 576 / 1536 wide).
 BLOCK_ROWS = {torch.float32: 128, torch.bfloat16: 192}
+# Tokens per product: the rows of several samples stacked into one taller product run 8-15% faster than a
+# product per sample (1 thread, AMD Zen 4 with AVX-512 BF16, bfloat16, four 512-token samples per product
+# against one), because each block of H is read and written once per stack instead of once per sample.
+STACKED_ROWS = 2048
 
 
 def resolve_compute_dtype(choice: str) -> torch.dtype:
@@ -51,17 +55,39 @@ def input_hessian(inputs: list[torch.Tensor], token_weights: list[torch.Tensor] 
 
     H is symmetric, so only the blocks on and above the diagonal are multiplied and the lower triangle
     is mirrored at the end (near half the flops of a full product). dtype bfloat16 rounds the inputs
-    and each sample's products to bfloat16 (relative error 2^-9 each, unbiased), summed in float32: far
-    below the damping that GPTQ adds to H, and the same results over calibration draws (see
-    docs/quantization.md)."""
+    and the products of each stack of samples (see STACKED_ROWS) to bfloat16 (relative error 2^-9 each,
+    unbiased), summed in float32: far below the damping that GPTQ adds to H, and the same results over
+    calibration draws (see docs/quantization.md)."""
     width = inputs[0].shape[-1]
     block = block or BLOCK_ROWS[dtype]
     hessian = torch.zeros(width, width)
-    for i, x in enumerate(inputs):
-        x = _weighted_rows(x.reshape(-1, width).float(), token_weights, i, dtype)
+    for x in _stacked_rows(inputs, token_weights, dtype):
         for start in range(0, width, block):
             hessian[start:start + block, start:] += x[:, start:start + block].T @ x[:, start:]
     return torch.triu(hessian) + torch.triu(hessian, diagonal=1).T
+
+
+def _stacked_rows(inputs: Iterable[torch.Tensor], token_weights: list[torch.Tensor] | None,
+                  dtype: torch.dtype) -> Iterator[torch.Tensor]:
+    """The inputs' rows (each scaled by sqrt(w_t) with token_weights) in ``dtype``, consecutive samples stacked
+    into one [rows, width] tensor of up to STACKED_ROWS rows; a longer sample comes alone. The stack is one
+    buffer written again for the next: use each before asking for the next."""
+    buffer, filled = None, 0
+    for i, x in enumerate(inputs):
+        x = x.reshape(-1, x.shape[-1]).float()
+        tokens = x.shape[0]
+        if tokens > STACKED_ROWS:
+            yield _weighted_rows(x, token_weights, i, dtype)
+            continue
+        if buffer is not None and filled + tokens > STACKED_ROWS:
+            yield buffer[:filled]
+            filled = 0
+        if buffer is None:
+            buffer = torch.empty(STACKED_ROWS, x.shape[1], dtype=dtype)
+        _weighted_rows(x, token_weights, i, dtype, out=buffer[filled:filled + tokens])
+        filled += tokens
+    if filled:
+        yield buffer[:filled]
 
 
 def input_error_cross(reference_inputs: list[torch.Tensor], inputs: Iterable[torch.Tensor],
@@ -82,13 +108,14 @@ def input_error_cross(reference_inputs: list[torch.Tensor], inputs: Iterable[tor
 
 
 def _weighted_rows(x: torch.Tensor, token_weights: list[torch.Tensor] | None, index: int,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows scaled by sqrt(w_t), so each token's x x^T counts w_t times, in ``dtype``: one sample at a time, so
-    a weighted copy of every sample's inputs is never held at once. The product is rounded to dtype as it is
-    written (one pass over the rows instead of two)."""
+                   dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows scaled by sqrt(w_t), so each token's x x^T counts w_t times, in ``dtype`` (written into ``out`` when
+    given): one sample at a time, so a weighted copy of every sample's inputs is never held at once. The product
+    is rounded to dtype as it is written (one pass over the rows instead of two)."""
     if token_weights is None:
-        return x.to(dtype)
-    out = torch.empty(x.shape, dtype=dtype)
+        return x.to(dtype) if out is None else out.copy_(x)
+    if out is None:
+        out = torch.empty(x.shape, dtype=dtype)
     return torch.mul(x, token_weights[index].sqrt()[:, None], out=out)
 
 

@@ -103,12 +103,14 @@ class StageData:
     @classmethod
     def of(cls, inputs: Activations, reference_inputs: Activations | None,
            token_weights: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
-           reference_picks: list[int] | None = None, lengths: list[int] | None = None) -> StageData:
+           reference_picks: list[int] | None = None, lengths: list[int] | None = None,
+           reported: bool = True) -> StageData:
         """token_weights: how much each token's error counts (one [tokens] tensor per sample), or None.
         dtype: what the products run in (see gptq.input_hessian). reference_picks: the samples of
         ``inputs`` that ``reference_inputs`` pair with (default: all), with ``lengths`` (tokens per
         sample); their products are scaled up to all samples' token count, as estimates of the sums
-        over all of them."""
+        over all of them. reported: whether relative_errors will be asked for; only it reads the
+        reference Hessian (an eighth of the Hessian work with 16 of 128 samples paired)."""
         hessian = gptq.input_hessian(inputs, token_weights, dtype)
         if reference_inputs is None:
             return cls(hessian)
@@ -118,8 +120,8 @@ class StageData:
             paired = (inputs[i] for i in reference_picks)
             weights = None if token_weights is None else [token_weights[i] for i in reference_picks]
             scale = sum(lengths) / sum(lengths[i] for i in reference_picks)
-        return cls(hessian, gptq.input_error_cross(reference_inputs, paired, weights, dtype) * scale,
-                   gptq.input_hessian(reference_inputs, weights, dtype) * scale)
+        cross = gptq.input_error_cross(reference_inputs, paired, weights, dtype) * scale
+        return cls(hessian, cross, gptq.input_hessian(reference_inputs, weights, dtype) * scale if reported else None)
 
     def relative_errors(self, original: torch.Tensor, scheme, effective: torch.Tensor) -> tuple[float, float]:
         """Output error of plain rounding and of ``effective``: against the layer's own output on the
@@ -215,7 +217,9 @@ class GPTQDriver(Driver):
         rows = weight.shape[0] // staged.num_kv_heads
         parts, notes = [], set()
         for head, token_weights in enumerate(value_token_weights(staged, inputs, rotary)):
-            data = StageData.of(inputs, reference_inputs, token_weights, self.hessian_dtype, picks, lengths)
+            # the report compares the whole v_proj on the stage's data
+            data = StageData.of(inputs, reference_inputs, token_weights, self.hessian_dtype, picks, lengths,
+                                reported=False)
             part, note = self._quantize(weight[head * rows:(head + 1) * rows], data)
             parts.append(part)
             notes.add(note)

@@ -1,5 +1,6 @@
 import torch
 
+from quantkit.algorithms import gptq
 from quantkit.algorithms.gptq import (coordinate_descent, fp_target_weight, gptq_quantize, input_hessian,
                                       input_error_cross, inverse_hessian_factor, refit_scales, resolve_compute_dtype,
                                       target_errors)
@@ -26,6 +27,18 @@ def test_blocked_hessian_equals_the_full_product():
     xs = [torch.randn(40, 70), torch.randn(13, 70)]
     full = sum(x.T @ x for x in xs)
     torch.testing.assert_close(input_hessian(xs, block=16), full, rtol=1e-5, atol=1e-4)
+
+
+def test_stacked_samples_give_the_same_hessian_as_one_product_each(monkeypatch):
+    # stacks of 50 rows: a sample that would overflow a stack starts the next, a longer one comes alone (the stack waits)
+    monkeypatch.setattr(gptq, "STACKED_ROWS", 50)
+    xs = [torch.randn(tokens, 24) for tokens in (20, 20, 20, 70, 5, 45, 1)]
+    weights = [torch.rand(len(x)) for x in xs]
+    torch.testing.assert_close(input_hessian(xs), sum(x.T @ x for x in xs), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(input_hessian(xs, weights), sum(x.T @ torch.diag(w) @ x for x, w in zip(xs, weights)),
+                               rtol=1e-5, atol=1e-4)
+    stacks = [len(rows) for rows in gptq._stacked_rows(xs, None, torch.float32)]
+    assert stacks == [40, 70, 25, 46]
 
 
 def test_identity_hessian_reduces_to_round_to_nearest():

@@ -88,6 +88,10 @@ def test_stage_data_scales_the_picked_samples_products_up_to_all_samples():
     torch.testing.assert_close(data.error_cross,
                                scale * gptq.input_error_cross([reference[0], reference[2]], [inputs[0], inputs[2]]))
     torch.testing.assert_close(data.reference_hessian, scale * gptq.input_hessian([reference[0], reference[2]]))
+    unreported = StageData.of(inputs, [reference[0], reference[2]], reference_picks=[0, 2], lengths=[5, 7, 9],
+                              reported=False)
+    assert unreported.reference_hessian is None
+    torch.testing.assert_close(unreported.error_cross, data.error_cross)
 
 
 def test_refit_scales_keeps_the_codes_and_lowers_the_layers_output_errors(tiny_model):
