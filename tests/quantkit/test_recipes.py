@@ -13,9 +13,11 @@ def test_shipped_recipes_load():
         assert recipe.name == name and recipe.weights.group_size == 64
     plain, actorder, fp_targets = (load_recipe(f"gptq-w4a16-g64{suffix}").quantization
                                    for suffix in ("", "-actorder", "-fp-targets"))
-    # -actorder is the plain recipe with act order and coordinate descent; -fp-targets adds the full-precision targets
-    assert actorder == plain.model_copy(update={"act_order": True, "coordinate_descent": 3})
-    assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25, "fp_target_samples": 16})
+    # -actorder is the plain recipe with act order and coordinate descent (damped at 0.3); -fp-targets adds the
+    # full-precision targets, its descent at GPTQ's damping
+    assert actorder == plain.model_copy(update={"act_order": True, "coordinate_descent": 3, "descent_dampening": 0.3})
+    assert fp_targets == actorder.model_copy(update={"fp_targets": 0.25, "fp_target_samples": 16,
+                                                     "descent_dampening": None})
 
 
 def test_fp_target_samples_without_fp_targets_is_refused_naming_the_file(tmp_path):
