@@ -42,7 +42,9 @@ def bench_calibrate(
 def bench_quantize(
     model: str = typer.Option("smollm2-135m"),
     calib_dataset: str = typer.Option(ENGLISH_CALIBRATION, help="Calibration set(s), comma-separated; packed."),
-    eval_dataset: str = typer.Option("pile_style_en:eval", help="Held-out text for perplexity."),
+    eval_dataset: list[str] = typer.Option(
+        None, help="Held-out text for perplexity (repeatable: a column each, the first the headline; a "
+                   "comma-separated value is one joined set); default: pile_style_en:eval."),
     num_samples: int = typer.Option(128),
     max_seq_len: int = typer.Option(512),
     threads: int = typer.Option(1, help="torch and OpenMP threads for every row."),
@@ -53,9 +55,9 @@ def bench_quantize(
                                         "with several a table gives each method's mean and range over them."),
 ) -> None:
     """Each method's wall time, peak RSS and perplexity delta against fp16, in one run."""
-    from quantkit.bench.quantize import DEFAULT_RECIPES, run_bench
+    from quantkit.bench.quantize import DEFAULT_EVAL, DEFAULT_RECIPES, run_bench
 
-    run_bench(model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads,
+    run_bench(model, calib_dataset, list(eval_dataset or [DEFAULT_EVAL]), num_samples, max_seq_len, threads,
               list(recipe or DEFAULT_RECIPES), peers, console, keep, _int_list(seeds, "--seeds"))
 
 

@@ -22,15 +22,21 @@ from quantkit.bench.workers import run_worker
 
 DEFAULT_RECIPES = ("rtn-w4a16-g64", "awq-w4a16-g64", "gptq-w4a16-g64", "gptq-w4a16-g64-actorder",
                    "gptq-w4a16-g64-fp-targets")
+DEFAULT_EVAL = "pile_style_en:eval"  # general English, not in any calibration set
 WORKER = "quantkit.bench.quantize"
+DELTA_KEYS = ("delta", "delta_low", "delta_high")
 
 
-def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: int, max_seq_len: int,
+def run_bench(model: str, calib_dataset: str, eval_datasets: list[str], num_samples: int, max_seq_len: int,
               threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None,
               seeds: list[int] | None = None) -> list[dict]:
     """One row per method and calibration seed. Several seeds draw several calibration sets: GPTQ's
     result moves by about a point between equally valid runs (docs/quantization.md, "Where it stands"),
-    so variants are told apart by their spread over draws, not by one run."""
+    so variants are told apart by their spread over draws, not by one run.
+
+    Each held-out set in ``eval_datasets`` gets its own perplexity and delta (``row["evals"][set]``); the
+    first is the headline (``row["delta"]``), the others check the same checkpoints on other text (general
+    English and the business sets' own held-out splits have ranked variants differently)."""
     from quantkit.bench.peers import METHODS as PEER_METHODS
     from quantkit.bench.peers import run_llmcompressor
     from quantkit.eval.stats import perplexity_increase_pct
@@ -45,7 +51,8 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        eval_file = _write_eval_tokens(path, eval_dataset, max_seq_len, work / "eval.safetensors")
+        eval_files = {name: _write_eval_tokens(path, name, max_seq_len, work / f"eval-{i}.safetensors")
+                      for i, name in enumerate(eval_datasets)}
         rows = []
         for seed in seeds:
             suffix = f"-seed{seed}" if len(seeds) > 1 else ""
@@ -58,16 +65,21 @@ def run_bench(model: str, calib_dataset: str, eval_dataset: str, num_samples: in
             for method in peer_methods:
                 row = run_llmcompressor(method, path, calib_dir, work / f"llmcompressor-{method}{suffix}", threads)
                 rows.append(row | {"name": f"llm-compressor {method} ({row['dtype']})", "seed": seed})
-        ppl = run_worker(WORKER, ["perplexity", eval_file, threads, path, *[r["path"] for r in rows]], threads)
-    baseline = ppl[str(path)]
+        models = [str(path), *[r["path"] for r in rows]]
+        ppl = {name: run_worker(WORKER, ["perplexity", file, threads, *models], threads)
+               for name, file in eval_files.items()}
+    baselines = {name: results[str(path)]["perplexity"] for name, results in ppl.items()}
     for row in rows:
-        row["perplexity"] = ppl[row["path"]]["perplexity"]
-        # the 95% interval of a paired bootstrap over the evaluation chunks
-        increase = perplexity_increase_pct(baseline["nll"], ppl[row["path"]]["nll"], baseline["counts"])
-        row["delta"], row["delta_low"], row["delta_high"] = (x / 100 for x in (increase.value, increase.low, increase.high))
+        row["evals"] = {}
+        for name, results in ppl.items():
+            # the 95% interval of a paired bootstrap over the evaluation chunks
+            base = results[str(path)]
+            increase = perplexity_increase_pct(base["nll"], results[row["path"]]["nll"], base["counts"])
+            deltas = (increase.value / 100, increase.low / 100, increase.high / 100)
+            row["evals"][name] = {"perplexity": results[row["path"]]["perplexity"], **dict(zip(DELTA_KEYS, deltas))}
+        row.update(row["evals"][eval_datasets[0]])  # the headline set's, at the top level
     add_peer_time_ratios(rows)
-    _print(console, model, calib_dataset, eval_dataset, num_samples, max_seq_len, threads, baseline["perplexity"],
-           rows, seeds)
+    _print(console, model, calib_dataset, num_samples, max_seq_len, threads, baselines, rows, seeds)
     return rows
 
 
@@ -91,18 +103,21 @@ def add_peer_time_ratios(rows: list[dict]) -> None:
 
 
 def summarize_over_seeds(rows: list[dict]) -> list[dict]:
-    """Per method (in first-seen order): the seeds it ran on, and the mean, lowest and highest of its
-    perplexity delta and its mean wall time over them."""
+    """Per method (in first-seen order): the seeds it ran on, its mean wall time, and the mean, lowest and
+    highest of its perplexity delta over them, on each held-out set (``evals``) and on the headline set."""
     by_name: dict[str, list[dict]] = {}
     for row in rows:
         by_name.setdefault(row["name"], []).append(row)
     summary = []
     for name, runs in by_name.items():
-        deltas = [r["delta"] for r in runs]
-        summary.append({"name": name, "seeds": [r["seed"] for r in runs], "delta_mean": sum(deltas) / len(deltas),
-                        "delta_min": min(deltas), "delta_max": max(deltas),
-                        "wall_s_mean": sum(r["wall_s"] for r in runs) / len(runs)})
+        evals = {eval_set: _spread([r["evals"][eval_set]["delta"] for r in runs]) for eval_set in runs[0]["evals"]}
+        summary.append({"name": name, "seeds": [r["seed"] for r in runs], **_spread([r["delta"] for r in runs]),
+                        "evals": evals, "wall_s_mean": sum(r["wall_s"] for r in runs) / len(runs)})
     return summary
+
+
+def _spread(deltas: list[float]) -> dict:
+    return {"delta_mean": sum(deltas) / len(deltas), "delta_min": min(deltas), "delta_max": max(deltas)}
 
 
 def _write_calibration(model_path: Path, dataset: str, num_samples: int, max_seq_len: int, out: Path,
@@ -132,37 +147,48 @@ def _write_eval_tokens(model_path: Path, dataset: str, chunk: int, out: Path) ->
     return out
 
 
-def _print(console, model, calib, eval_set, n, length, threads, base, rows, seeds) -> None:
+def _print(console, model, calib, n, length, threads, baselines: dict[str, float], rows, seeds) -> None:
+    """The rows, a perplexity and a delta column per held-out set; with several seeds, each method's spread."""
     from rich.table import Table
 
     several = len(seeds) > 1
     ratios = any("peer_time_ratio" in row for row in rows)
-    table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on {eval_set}, "
-                        f"{threads} thread(s)")
-    for column in ("method", *(["seed"] if several else []), "wall s", "peak RSS MB", "perplexity",
-                   "vs fp16 [95% interval]", *(["x peer's time"] if ratios else [])):
+    eval_sets = list(baselines)
+    # with one held-out set the title names it; with several each column does
+    label = (lambda name: "") if len(eval_sets) == 1 else (lambda name: f"{name}: ")
+    table = Table(title=f"{model}: calibration {calib} ({n} x {length} tokens), perplexity on "
+                        f"{', '.join(eval_sets)}, {threads} thread(s)")
+    for column in ("method", *(["seed"] if several else []), "wall s", "peak RSS MB",
+                   *[f"{label(e)}{c}" for e in eval_sets for c in ("perplexity", "vs fp16 [95% interval]")],
+                   *(["x peer's time"] if ratios else [])):
         table.add_column(column)
-    table.add_row("fp16 baseline", *(["-"] if several else []), "-", "-", f"{base:.3f}", "1.00x",
-                  *(["-"] if ratios else []))
+    table.add_row("fp16 baseline", *(["-"] if several else []), "-", "-",
+                  *[x for e in eval_sets for x in (f"{baselines[e]:.3f}", "1.00x")], *(["-"] if ratios else []))
     for row in rows:
         ratio = f"{row['peer_time_ratio']:.2f}x" if "peer_time_ratio" in row else "-"
+        cells = [x for e in eval_sets for x in _delta_cells(row["evals"][e])]
         table.add_row(row["name"], *([str(row["seed"])] if several else []), f"{row['wall_s']:.1f}",
-                      f"{row['peak_rss_mb']:.0f}", f"{row['perplexity']:.3f}",
-                      f"{row['delta']:+.1%} [{row['delta_low']:+.1%}, {row['delta_high']:+.1%}]",
-                      *([ratio] if ratios else []))
+                      f"{row['peak_rss_mb']:.0f}", *cells, *([ratio] if ratios else []))
     console.print(table)
-    report = {"baseline_perplexity": base, "rows": rows}
+    report = {"baseline_perplexity": baselines[eval_sets[0]], "baselines": baselines, "rows": rows}
     if several:
         summary = summarize_over_seeds(rows)
         table = Table(title=f"over calibration seeds {', '.join(map(str, seeds))}")
-        for column in ("method", "vs fp16 mean", "lowest", "highest", "mean wall s"):
+        for column in ("method", *[f"{label(e)}{c}" for e in eval_sets for c in ("vs fp16 mean", "lowest", "highest")],
+                       "mean wall s"):
             table.add_column(column)
         for item in summary:
-            table.add_row(item["name"], f"{item['delta_mean']:+.1%}", f"{item['delta_min']:+.1%}",
-                          f"{item['delta_max']:+.1%}", f"{item['wall_s_mean']:.1f}")
+            spreads = [item["evals"][e] for e in eval_sets]
+            cells = [f"{spread[key]:+.1%}" for spread in spreads for key in ("delta_mean", "delta_min", "delta_max")]
+            table.add_row(item["name"], *cells, f"{item['wall_s_mean']:.1f}")
         console.print(table)
         report["over_seeds"] = summary
     console.print(json.dumps(report))
+
+
+def _delta_cells(result: dict) -> tuple[str, str]:
+    return (f"{result['perplexity']:.3f}",
+            f"{result['delta']:+.1%} [{result['delta_low']:+.1%}, {result['delta_high']:+.1%}]")
 
 
 def _quantize_worker(model_dir: str, recipe: str, calib_dir: str, out: str, threads: int) -> dict:

@@ -14,7 +14,7 @@ def test_rows_for_a_shipped_recipe_and_a_recipe_file(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "calib.jsonl", chat_rows(24))
     recipe = tmp_path / "my-rtn.yaml"
     recipe.write_text("name: my-rtn\nquantization: {method: rtn}\nweights: {bits: 4, group_size: 32}\n")
-    rows = run_bench(str(tiny_model), str(data), str(data), 4, 64, 1, ["rtn-w4a16-g64", str(recipe)], False,
+    rows = run_bench(str(tiny_model), str(data), [str(data)], 4, 64, 1, ["rtn-w4a16-g64", str(recipe)], False,
                      Console(file=io.StringIO()), keep=tmp_path / "work")
     # each checkpoint lands in the work directory under the recipe's name, never over the recipe file
     assert [Path(r["path"]) for r in rows] == [tmp_path / "work" / "rtn-w4a16-g64", tmp_path / "work" / "my-rtn"]
@@ -34,7 +34,7 @@ def test_several_seeds_draw_several_calibration_sets_and_summarize_each_method(t
     recipe = tmp_path / "tiny-gptq.yaml"
     recipe.write_text("name: tiny-gptq\nquantization: {method: gptq}\nweights: {bits: 4, group_size: 32}\n")
     out = io.StringIO()
-    rows = run_bench(str(tiny_model), str(data), str(data), 4, 64, 1, [str(recipe)], False,
+    rows = run_bench(str(tiny_model), str(data), [str(data)], 4, 64, 1, [str(recipe)], False,
                      Console(file=out, width=200), keep=tmp_path / "work", seeds=[0, 5])
     work = tmp_path / "work"
     assert [(r["name"], r["seed"], Path(r["path"])) for r in rows] == [
@@ -51,12 +51,37 @@ def test_several_seeds_draw_several_calibration_sets_and_summarize_each_method(t
     assert "over calibration seeds 0, 5" in out.getvalue()
 
 
+def test_each_held_out_set_gets_its_own_perplexity_and_the_first_is_the_headline(tiny_model, tmp_path):
+    from quantkit.bench.quantize import summarize_over_seeds
+
+    chats = write_jsonl(tmp_path / "chats.jsonl", chat_rows(24))
+    prose = tmp_path / "prose.txt"
+    prose.write_text(" ".join(f"Paragraph {i} of a plain English text about harbours and ships." for i in range(200)))
+    recipe = tmp_path / "my-rtn.yaml"
+    recipe.write_text("name: my-rtn\nquantization: {method: rtn}\nweights: {bits: 4, group_size: 32}\n")
+    out = io.StringIO()
+    rows = run_bench(str(tiny_model), str(chats), [str(chats), str(prose)], 4, 64, 1, [str(recipe)], False,
+                     Console(file=out, width=2000), keep=tmp_path / "work", seeds=[0, 1])
+    for row in rows:
+        on_chats, on_prose = row["evals"][str(chats)], row["evals"][str(prose)]
+        assert on_chats["perplexity"] != on_prose["perplexity"]  # two texts, scored separately
+        assert (row["perplexity"], row["delta"]) == (on_chats["perplexity"], on_chats["delta"])
+        assert on_prose["delta_low"] <= on_prose["delta"] <= on_prose["delta_high"]
+    (summary,) = summarize_over_seeds(rows)
+    prose_deltas = [r["evals"][str(prose)]["delta"] for r in rows]
+    assert math.isclose(summary["evals"][str(prose)]["delta_mean"], sum(prose_deltas) / 2)
+    assert math.isclose(summary["delta_mean"], summary["evals"][str(chats)]["delta_mean"])
+    printed = out.getvalue()  # a column per set, in both tables
+    assert printed.count(f"{prose}: vs fp16") == 2 and printed.count(f"{chats}: vs fp16") == 2
+
+
 def test_each_row_gets_its_time_over_the_peers_for_the_same_method_and_draw():
     from quantkit.bench.quantize import _print, add_peer_time_ratios
 
     def row(name, method, seed, wall, **extra):
-        return {"name": name, "method": method, "seed": seed, "wall_s": wall, "peak_rss_mb": 1.0,
-                "perplexity": 30.0, "delta": 0.1, "delta_low": 0.09, "delta_high": 0.11, **extra}
+        result = {"perplexity": 30.0, "delta": 0.1, "delta_low": 0.09, "delta_high": 0.11}
+        return {"name": name, "method": method, "seed": seed, "wall_s": wall, "peak_rss_mb": 1.0, **result,
+                "evals": {"e": result}, **extra}
 
     rows = [row("quantkit gptq", "gptq", 0, 200.0), row("quantkit gptq", "gptq", 1, 300.0),
             row("quantkit rtn", "rtn", 0, 9.0), row("quantkit awq", "awq", 0, 50.0),
@@ -65,7 +90,7 @@ def test_each_row_gets_its_time_over_the_peers_for_the_same_method_and_draw():
     add_peer_time_ratios(rows)
     assert [r.get("peer_time_ratio") for r in rows] == [0.5, 0.6, None, None, None, None]
     out = io.StringIO()
-    _print(Console(file=out, width=200), "m", "c", "e", 4, 64, 1, 27.0, rows, [0, 1])
+    _print(Console(file=out, width=200), "m", "c", 4, 64, 1, {"e": 27.0}, rows, [0, 1])
     assert "x peer's time" in out.getvalue() and "0.50x" in out.getvalue() and "0.60x" in out.getvalue()
 
 
