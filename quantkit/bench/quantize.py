@@ -31,7 +31,7 @@ def run_bench(model: str, calib_dataset: str, eval_datasets: list[str], num_samp
               threads: int, recipes: list[str], peers: bool, console, keep: Path | None = None,
               seeds: list[int] | None = None) -> list[dict]:
     """One row per method and calibration seed. Several seeds draw several calibration sets: GPTQ's
-    result moves by about a point between equally valid runs (docs/quantization.md, "Where it stands"),
+    result moves by about a point between equally valid runs (docs/quantization.md, "Run-to-run band"),
     so variants are told apart by their spread over draws, not by one run.
 
     Each held-out set in ``eval_datasets`` gets its own perplexity and delta (``row["evals"][set]``); the
