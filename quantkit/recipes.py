@@ -52,7 +52,26 @@ class RTNMethod(_Strict):
     method: Literal["rtn"]
 
 
-class AWQMethod(_Strict):
+class ComputeDtypes(_Strict):
+    """What a calibrating method multiplies in."""
+    # the Hessian products: "auto" takes bfloat16 where the CPU multiplies it natively (see
+    # algorithms.gptq.resolve_compute_dtype); "float32" gives the same bytes on every machine that runs the
+    # same BLAS code path
+    hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # the layer's own linears and attention while calibrating (their outputs are the next stage's inputs):
+    # "auto" as hessian_dtype. Results and the residual stream stay float32; see quantize.staged.StagedLayer
+    forward_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+    def hessian_torch_dtype(self) -> torch.dtype:
+        """What hessian_dtype resolves to on this machine."""
+        return resolve_compute_dtype(self.hessian_dtype)
+
+    def forward_torch_dtype(self) -> torch.dtype:
+        """What forward_dtype resolves to on this machine."""
+        return resolve_compute_dtype(self.forward_dtype)
+
+
+class AWQMethod(ComputeDtypes):
     method: Literal["awq"]
     duo_scaling: bool = True
     clip: bool = True
@@ -69,7 +88,7 @@ class AWQMethod(_Strict):
     descent_weighted: bool = False
 
 
-class GPTQMethod(_Strict):
+class GPTQMethod(ComputeDtypes):
     method: Literal["gptq"]
     block_size: int = Field(128, ge=1)
     dampening: float = Field(0.01, gt=0, le=1)
@@ -93,14 +112,6 @@ class GPTQMethod(_Strict):
     # the descent's damping (None: GPTQ's). Heavier than GPTQ's it keeps the codes nearer the weight, which
     # generalizes past the calibration text better (docs/quantization-experiments.md, GPTQ)
     descent_dampening: float | None = Field(None, gt=0, le=100)
-    # what the Hessian products run in: "auto" takes bfloat16 where the CPU multiplies it natively (see
-    # algorithms.gptq.resolve_compute_dtype); "float32" gives the same bytes on every machine that runs the
-    # same BLAS code path
-    hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # what the layer's own linears and attention run in while calibrating (their outputs are the next
-    # stage's inputs): "auto" as hessian_dtype. Results and the residual stream stay float32; see
-    # quantize.staged.StagedLayer
-    forward_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @model_validator(mode="after")
     def _fp_target_samples(self) -> GPTQMethod:
@@ -108,14 +119,6 @@ class GPTQMethod(_Strict):
             raise ValueError("fp_target_samples sets how many samples fp_targets runs the full-precision stream on: "
                              "set fp_targets above 0 too, or drop fp_target_samples")
         return self
-
-    def hessian_torch_dtype(self) -> torch.dtype:
-        """What hessian_dtype resolves to on this machine."""
-        return resolve_compute_dtype(self.hessian_dtype)
-
-    def forward_torch_dtype(self) -> torch.dtype:
-        """What forward_dtype resolves to on this machine."""
-        return resolve_compute_dtype(self.forward_dtype)
 
 
 class FP8Method(_Strict):

@@ -227,6 +227,13 @@ class GPTQDriver(Driver):
 
 
 class AWQDriver(Driver):
+    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
+        super().__init__(recipe, prefix, scale_dtype, keep)
+        self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
+
+    def forward_dtype(self) -> torch.dtype:
+        return self.recipe.quantization.forward_torch_dtype()
+
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden=None) -> LayerResult:
         options = self.recipe.quantization
@@ -238,9 +245,10 @@ class AWQDriver(Driver):
 
         def observe(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
             x_mean = sum(x.abs().sum(dim=0) for x in inputs) / sum(lengths)
-            observed[names] = (gptq.input_hessian(inputs), x_mean)
+            observed[names] = (gptq.input_hessian(inputs, dtype=self.hessian_dtype), x_mean)
             if options.coordinate_descent and options.descent_weighted:
-                descent_hessians.update(self._weighted_hessians(staged, names, inputs, residual, rotary))
+                descent_hessians.update(self._weighted_hessians(staged, names, inputs, residual, rotary,
+                                                                self.hessian_dtype))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))
         originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
@@ -276,17 +284,18 @@ class AWQDriver(Driver):
 
     @staticmethod
     def _weighted_hessians(staged: StagedLayer, names: tuple[str, ...], inputs: Activations,
-                           residual: Activations | None, rotary: list[Rotary]) -> dict[str, list[torch.Tensor]]:
+                           residual: Activations | None, rotary: list[Rotary],
+                           dtype: torch.dtype) -> dict[str, list[torch.Tensor]]:
         """The Hessians GPTQ fits these linears on: v_proj one per KV head, tokens weighted by the attention
         they receive; o_proj and down_proj tokens weighted by 1 / rms^2 of the residual stream they feed. Fitted
         on a plain Hessian, the descent spends its freedom on tokens (the attention sink) whose errors matter
         more or less than their count (docs/quantization-experiments.md, AWQ)."""
         if names == STAGES[0]:
-            return {"self_attn.v_proj": [gptq.input_hessian(inputs, token_weights)
+            return {"self_attn.v_proj": [gptq.input_hessian(inputs, token_weights, dtype)
                                          for token_weights in value_token_weights(staged, inputs, rotary)]}
         if residual is None:
             return {}
-        hessian = gptq.input_hessian(inputs, residual_token_weights(residual, sample_lengths(rotary)))
+        hessian = gptq.input_hessian(inputs, residual_token_weights(residual, sample_lengths(rotary)), dtype)
         return {name: [hessian] for name in names}
 
     def _descend(self, rounded: QuantizedWeight, target: torch.Tensor,

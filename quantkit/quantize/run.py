@@ -23,7 +23,7 @@ from quantkit.quantize.activations import (activation_bytes, activation_store, c
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
 from quantkit.quantize.drivers import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model, reference_picks
-from quantkit.recipes import Recipe, load_recipe
+from quantkit.recipes import ComputeDtypes, Recipe, load_recipe
 
 
 @dataclass
@@ -92,9 +92,9 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
 
 def _compute_dtypes(recipe: Recipe) -> dict:
     """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
-    if recipe.quantization.method != "gptq":
-        return {}
     method = recipe.quantization
+    if not isinstance(method, ComputeDtypes):  # RTN and FP8 multiply nothing that "auto" would choose
+        return {}
     return {"hessian": str(method.hessian_torch_dtype()).removeprefix("torch."),
             "forward": str(method.forward_torch_dtype()).removeprefix("torch.")}
 

@@ -14,9 +14,10 @@ def _gptq(**options) -> Recipe:
                                   "weights": {"bits": 4, "group_size": 32}})
 
 
-def _staged(model: LayerwiseModel, layer) -> StagedLayer:
+def _staged(model: LayerwiseModel, layer, forward_dtype: torch.dtype = torch.float32) -> StagedLayer:
     c = model.config
-    return StagedLayer(layer, c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads)
+    return StagedLayer(layer, c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads,
+                       forward_dtype=forward_dtype)
 
 
 def _layer_inputs(model: LayerwiseModel) -> tuple[list[torch.Tensor], list]:
@@ -196,3 +197,30 @@ def test_weighted_descent_after_awq_fits_v_proj_to_the_attention_each_token_rece
         assert not torch.equal(done[True][name].q, done[False][name].q), name
     for name in ("self_attn.q_proj", "mlp.up_proj"):  # no token weights: the same descent
         assert torch.equal(done[True][name].q, done[False][name].q), name
+
+
+def test_awq_with_bfloat16_products_lands_where_float32_does(tiny_model):
+    """hessian_dtype / forward_dtype bfloat16 round the products' inputs, not the sums: the layer's outputs,
+    the searches' choices and each linear's error stay near float32's."""
+    model = LayerwiseModel(tiny_model)
+    hidden, rotary = _layer_inputs(model)
+    done, scales = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        recipe = Recipe.model_validate({"name": "t", "weights": {"bits": 4, "group_size": 32},
+                                        "quantization": {"method": "awq", "coordinate_descent": 3,
+                                                         "descent_weighted": True, "hessian_dtype": dtype,
+                                                         "forward_dtype": dtype}})
+        driver = AWQDriver(recipe, "model.layers.0")
+        assert driver.forward_dtype() == getattr(torch, dtype)
+        with model.layer(0) as layer:
+            done[dtype] = driver.quantize_layer(_staged(model, layer, driver.forward_dtype()), hidden, rotary)
+            scales[dtype] = layer.input_layernorm.weight.detach().float().clone()  # AWQ's scales folded in
+    pairs = list(zip(done["float32"].outputs, done["bfloat16"].outputs))
+    assert not all(torch.equal(full, low) for full, low in pairs)  # the forward did run in bfloat16
+    for full, low in pairs:
+        assert torch.allclose(low, full, rtol=0.02, atol=0.02 * float(full.abs().max()))
+    assert torch.allclose(scales["bfloat16"], scales["float32"], rtol=0.05)
+    errors = [(full.error, low.error) for full, low in zip(done["float32"].reports, done["bfloat16"].reports)]
+    assert any(full != low for full, low in errors)  # and so did the Hessians
+    for full, low in errors:
+        assert abs(low - full) <= 0.1 * full, errors
