@@ -30,7 +30,7 @@ from quantkit.formats.quantized import Fp8Weight, QuantizedWeight, stack_rows
 from quantkit.quantize.staged import (STAGES, Activations, Keep, Rotary, StagedLayer, evenly_spaced,
                                       residual_token_weights, run_paired_stages, run_stages, sample_lengths,
                                       value_token_weights)
-from quantkit.recipes import Recipe
+from quantkit.recipes import ComputeDtypes, Recipe
 
 
 @dataclass
@@ -63,13 +63,18 @@ class Driver:
         """keep: how the layer's stages hold their per-sample activations (in memory, or on disk)."""
         self.recipe, self.prefix, self.scale_dtype, self.keep = recipe, prefix, scale_dtype, keep
         self.scheme = recipe.weights.scheme(scale_dtype)
+        # what the method's Hessian products run in: its recipe's choice for AWQ and GPTQ, float32 for the rest
+        method = recipe.quantization
+        self.hessian_dtype = method.hessian_torch_dtype() if isinstance(method, ComputeDtypes) else torch.float32
 
     def targets(self, names: tuple[str, ...]) -> list[str]:
         return [n for n in names if self.recipe.is_quantized(f"{self.prefix}.{n}")]
 
     def forward_dtype(self) -> torch.dtype:
-        """What the staged layer's linears and attention run in (see StagedLayer)."""
-        return torch.float32
+        """What the staged layer's linears and attention run in (see StagedLayer): the recipe's choice for AWQ
+        and GPTQ, float32 for the rest."""
+        method = self.recipe.quantization
+        return method.forward_torch_dtype() if isinstance(method, ComputeDtypes) else torch.float32
 
     def reference_picks(self, num_samples: int) -> list[int] | None:
         """Which calibration samples the full-precision model's stream should run on for this driver
@@ -135,13 +140,6 @@ class StageData:
 
 
 class GPTQDriver(Driver):
-    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
-        super().__init__(recipe, prefix, scale_dtype, keep)
-        self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
-
-    def forward_dtype(self) -> torch.dtype:
-        return self.recipe.quantization.forward_torch_dtype()
-
     def reference_picks(self, num_samples: int) -> list[int] | None:
         options = self.recipe.quantization
         return evenly_spaced(options.fp_target_samples, num_samples) if options.fp_targets > 0 else None
@@ -227,13 +225,6 @@ class GPTQDriver(Driver):
 
 
 class AWQDriver(Driver):
-    def __init__(self, recipe: Recipe, prefix: str, scale_dtype: torch.dtype = torch.float16, keep: Keep = list):
-        super().__init__(recipe, prefix, scale_dtype, keep)
-        self.hessian_dtype = recipe.quantization.hessian_torch_dtype()
-
-    def forward_dtype(self) -> torch.dtype:
-        return self.recipe.quantization.forward_torch_dtype()
-
     def quantize_layer(self, staged: StagedLayer, hidden: Activations, rotary: list[Rotary],
                        reference_hidden=None) -> LayerResult:
         options = self.recipe.quantization
