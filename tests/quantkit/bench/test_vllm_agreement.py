@@ -104,3 +104,53 @@ def test_the_float64_control_of_a_dense_model_agrees_with_its_float32_run(tiny_m
     control, no_gaps = quantkit_continuations(tiny_model, prompts, 5, False, None, dtype=torch.float64)
     assert control == ours and no_gaps == [] and len(gaps) == 3
     assert agreement(ours, control, 5)["agree"] == 3
+
+
+def test_token_logprobs_sum_to_the_perplexity_nll(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.bench.vllm_agreement import token_logprobs
+    from quantkit.eval.perplexity import sequence_nll
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    sequences = [[5, 17, 42, 9, 100, 7], [3, 250, 11]]
+    logprobs = token_logprobs(model, sequences)
+    nll, counts = sequence_nll(model, sequences)
+    assert [len(x) for x in logprobs] == counts == [5, 2]
+    assert [-sum(x) for x in logprobs] == pytest.approx(nll, rel=1e-5)
+
+
+def _with_kv_scales(tiny_model, out, scale):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.copytree(tiny_model, out)
+    tensors = load_file(out / "model.safetensors")
+    layers = {int(name.split(".")[2]) for name in tensors if name.startswith("model.layers.")}
+    for i in layers:
+        for kind in ("k_scale", "v_scale"):
+            tensors[f"model.layers.{i}.self_attn.{kind}"] = torch.tensor([scale])
+    save_file(tensors, out / "model.safetensors")
+    return out, {i: (scale, scale) for i in layers}
+
+
+def test_an_engine_that_applies_the_kv_scales_is_told_apart_from_one_that_does_not(tiny_model, tmp_path):
+    from quantkit.bench.vllm_agreement import VLLM_CPU_KV_TOWARD_ZERO, logprob_gaps, token_logprobs
+    from quantkit.eval.kv_cache import fp8_kv_cache
+    from quantkit.models import load_model
+
+    checkpoint, scales = _with_kv_scales(tiny_model, tmp_path / "kv", 0.002)
+    sequences = [[5 + i, 17, 42, 9, 100, 7, 31, 64] for i in range(4)]
+    model = load_model(checkpoint, dtype=torch.float32)
+    with fp8_kv_cache(model, scales, toward_zero=VLLM_CPU_KV_TOWARD_ZERO):
+        applies = token_logprobs(model, sequences)
+    ignores = token_logprobs(model, sequences)  # an engine that runs its cache unquantized
+
+    good = logprob_gaps(checkpoint, sequences, applies, fp8_kv=True)
+    assert good["logprob_gap_mean"] < 1e-6 and good["reads_kv_scales"]
+    references = good["logprob_gap_references"]
+    assert references["no_fp8_cache"] > 0 and references["other_rounding"] > 0 and good["scored_tokens"] == 4 * 7
+    bad = logprob_gaps(checkpoint, sequences, ignores, fp8_kv=True)
+    assert bad["logprob_gap_mean"] == pytest.approx(good["logprob_gap_references"]["no_fp8_cache"])
+    assert not bad["reads_kv_scales"]
