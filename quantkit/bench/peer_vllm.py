@@ -112,10 +112,11 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     # Teacher-forced: the log-probability vLLM gives each token of prompt + its own continuation, so the two
     # engines are compared position by position even where one near-tie has sent the greedy runs apart.
-    scored = llm.generate([TokensPrompt(prompt_token_ids=ids + new) for ids, new in zip(prompts, token_ids)],
+    sequences = [ids + new for ids, new in zip(prompts, token_ids)]
+    scored = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in sequences],
                           SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     token_logprobs = [[step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]
-                      for out, ids in zip(scored, (ids + new for ids, new in zip(prompts, token_ids)))]
+                      for out, ids in zip(scored, sequences)]
     result = {"token_ids": token_ids, "load_s": round(load_s, 2), "generate_s": round(generate_s, 3),
               "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "token_logprobs": token_logprobs,
               "scale_log": scale_log.messages,

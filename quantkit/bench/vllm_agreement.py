@@ -257,8 +257,8 @@ def _print(console, rows: list[dict], new_tokens: int, threads: int, vllm_dtype:
     table = Table(title=f"vLLM (CPU, {vllm_dtype}) vs quantkit (float32): greedy agreement on the first {new_tokens} "
                         f"tokens, {threads} thread(s)")
     for column in ("checkpoint", "scheme", "KV cache", "agree", f"agree or near-tie (gap < {NEAR_TIE})",
-                   "max gap", "mean prefix", "teacher-forced |Δ logprob| mean / max (quantkit fp32 vs fp64)", "control: quantkit fp32 vs fp64", "vLLM tok/s", "vLLM load s",
-                   "vLLM INT4 GEMM"):
+                   "max gap", "mean prefix", "teacher-forced |Δ logprob| mean / max (quantkit fp32 vs fp64)",
+                   "control: quantkit fp32 vs fp64", "vLLM tok/s", "vLLM load s", "vLLM INT4 GEMM"):
         table.add_column(column)
     for row in rows:
         name = Path(row["checkpoint"]).name
