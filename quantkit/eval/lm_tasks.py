@@ -108,6 +108,7 @@ class TaskRunner:
         if not self.specs:
             return {}
         go_offline()
+        _quiet_lm_eval()  # before HFLM warns that it was handed a model object, which is how quantkit calls it
         from lm_eval.models.huggingface import HFLM
 
         return self.run_lm(HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size), limit)
@@ -115,11 +116,10 @@ class TaskRunner:
     def run_lm(self, lm, limit: int | None = None) -> dict[str, dict[int, float]]:
         """The same for any lm-eval LM object (e.g. local-completions against `quantkit serve`)."""
         go_offline()
+        _quiet_lm_eval()
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
 
-        for name in ("lm_eval", "lm-eval"):
-            logging.getLogger(name).setLevel(logging.ERROR)
         manager = TaskManager(include_path=self._dir.name, include_defaults=False, verbosity="ERROR")
         results = simple_evaluate(model=lm, tasks=[s.name for s in self.specs], limit=limit, log_samples=True,
                                   task_manager=manager, bootstrap_iters=0, verbosity="ERROR",
@@ -129,6 +129,11 @@ class TaskRunner:
             samples = results["samples"][spec.name]
             scores[spec.name] = {int(s["doc_id"]): float(s[spec.metric]) for s in samples}
         return scores
+
+
+def _quiet_lm_eval() -> None:
+    for name in ("lm_eval", "lm-eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def measurements(baseline: dict[str, dict[int, float]], candidate: dict[str, dict[int, float]],
