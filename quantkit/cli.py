@@ -159,7 +159,7 @@ def quantize(
         None, help="Keep calibration activations in files under this directory instead of in memory "
                    "(for models whose activations outgrow RAM; removed afterwards)."),
 ) -> None:
-    """Apply a recipe (RTN, AWQ or GPTQ INT4) layer by layer and write a checkpoint vLLM and transformers load."""
+    """Apply a recipe (INT4 RTN / AWQ / GPTQ, FP8 W8A8, FP8 KV-cache scales) layer by layer; write a checkpoint."""
     from quantkit.quantize.run import QuantizeOptions
     from quantkit.quantize.run import quantize as run_quantize
 
