@@ -176,7 +176,7 @@ def _print_quantize_summary(result) -> None:
     """One row per decoder layer: where the error is. Per-linear numbers are in quantkit.json."""
     recipe = result.provenance["recipe"]
     table = Table(title=f"{recipe} -> {result.out} (relative output error on the calibration tokens)")
-    for column in ("layer", "method", "RTN error", "method error", "worst linear"):
+    for column in ("layer", "method", "weights", "RTN error", "method error", "worst linear"):
         table.add_column(column)
     by_layer: dict[str, list] = {}
     for report in result.reports:
@@ -184,7 +184,7 @@ def _print_quantize_summary(result) -> None:
     for layer, reports in by_layer.items():
         measured = [r for r in reports if r.error is not None]
         worst = max(measured, key=lambda r: r.error, default=None)
-        table.add_row(layer, reports[0].method, _percent(_mean(r.error_rtn for r in measured if r.error_rtn is not None)),
+        table.add_row(layer, reports[0].method, result.weights, _percent(_mean(r.error_rtn for r in measured if r.error_rtn is not None)),
                       _percent(_mean(r.error for r in measured)),
                       f"{worst.name.rsplit('.', 1)[1]} {_percent(worst.error)}" if worst else "-")
     console.print(table)

@@ -163,6 +163,15 @@ class Recipe(_Strict):
         data = method.method in ("awq", "gptq") or (method.method == "fp8" and method.activations == "static")
         return data or self.kv_cache_scheme is not None
 
+    @property
+    def weights_label(self) -> str:
+        """The weight scheme in a few characters, e.g. "int4 g64 asym" or "fp8 channel"."""
+        w = self.weights
+        if self.quantization.method == "fp8":
+            return "fp8 channel"
+        group = "channel" if w.group_size == -1 else f"g{w.group_size}"
+        return f"int{w.bits} {group} {'sym' if w.symmetric else 'asym'}"
+
     def is_quantized(self, module_name: str) -> bool:
         """Targets and ignore entries are exact module names, name suffixes, or "re:<regex>" patterns;
         the target "Linear" means every linear layer."""

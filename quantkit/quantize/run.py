@@ -48,6 +48,7 @@ class QuantizeResult:
     out: Path
     provenance: dict
     reports: list[LinearReport]
+    weights: str  # the recipe's weight scheme, e.g. "int4 g64 asym"
     warnings: list[str] = field(default_factory=list)
 
 
@@ -87,7 +88,8 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
             "layers": [r.__dict__ for r in summary.reports],
         }
         warnings = writer.finish(summary.ignored, provenance)
-    return QuantizeResult(out=opts.out, provenance=provenance, reports=summary.reports, warnings=warnings)
+    return QuantizeResult(out=opts.out, provenance=provenance, reports=summary.reports,
+                          weights=recipe.weights_label, warnings=warnings)
 
 
 def _compute_dtypes(recipe: Recipe) -> dict:

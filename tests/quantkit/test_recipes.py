@@ -75,3 +75,12 @@ def test_fp8_and_kv_cache_recipes_say_what_data_they_need():
     kv = load_recipe("awq-w4a16-g64-kv-fp8")
     assert kv.kv_cache_scheme is not None and kv.needs_calibration
     assert kv.quantization == load_recipe("awq-w4a16-g64").quantization
+
+
+def test_weights_label_says_bits_group_and_symmetry(tmp_path):
+    assert load_recipe("gptq-w4a16-g64").weights_label == "int4 g64 asym"
+    assert load_recipe("gptq-w4a16-g64-sym").weights_label == "int4 g64 sym"
+    assert load_recipe("fp8-w8a8-dynamic").weights_label == "fp8 channel"
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nquantization: {method: rtn}\nweights: {bits: 8, group_size: -1, symmetric: true}\n")
+    assert load_recipe(str(path)).weights_label == "int8 channel sym"

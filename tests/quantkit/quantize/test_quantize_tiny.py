@@ -92,6 +92,17 @@ def test_group_size_that_does_not_fit_names_layers_and_sizes(tiny_model, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+def test_closing_table_has_a_row_per_layer_with_method_and_weight_scheme(tiny_model, tmp_path, run_cli):
+    recipe = tmp_path / "g32.yaml"
+    recipe.write_text("name: g32\nquantization: {method: rtn}\nweights: {group_size: 32, symmetric: true}\n")
+    code, out, _ = run_cli("quantize", "--model", tiny_model, "--recipe", recipe, "--out", tmp_path / "o")
+    assert code == 0
+    layers = json.loads((tiny_model / "config.json").read_text())["num_hidden_layers"]
+    rows = [line for line in out.splitlines() if "model.layers." in line]
+    assert len(rows) == layers
+    assert all("rtn" in row and "int4 g32 sym" in row for row in rows)
+
+
 def test_data_methods_need_data_and_unknown_architectures_are_refused(tiny_model, tmp_path, run_cli):
     code, _, err = run_cli("quantize", "--model", tiny_model, "--recipe", "gptq-w4a16-g64", "--out", tmp_path / "o")
     assert code == 2 and "needs calibration data" in err
