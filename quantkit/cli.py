@@ -184,8 +184,9 @@ def _print_quantize_summary(result) -> None:
     for layer, reports in by_layer.items():
         measured = [r for r in reports if r.error is not None]
         worst = max(measured, key=lambda r: r.error, default=None)
-        table.add_row(layer, reports[0].method, result.weights, _percent(_mean(r.error_rtn for r in measured if r.error_rtn is not None)),
-                      _percent(_mean(r.error for r in measured)),
+        error_rtn = _mean(r.error_rtn for r in measured if r.error_rtn is not None)
+        table.add_row(layer, reports[0].method, result.weights,
+                      _percent(error_rtn), _percent(_mean(r.error for r in measured)),
                       f"{worst.name.rsplit('.', 1)[1]} {_percent(worst.error)}" if worst else "-")
     console.print(table)
     p = result.provenance
