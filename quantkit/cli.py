@@ -211,20 +211,25 @@ def eval_(
     baseline: str = typer.Option(..., help="Reference model: a name, HF model directory or .gguf file."),
     candidate: str = typer.Option(..., help="Model to check: a quantized checkpoint or HF model directory."),
     report: Path = typer.Option(..., help="Report directory: report.json, report.md, plots, junit.xml."),
-    suite: str = typer.Option("default", help="Shipped suite name or a suite YAML path."),
-    gate: str = typer.Option("default", help="Shipped gate name or a gate YAML path."),
+    suite: Optional[str] = typer.Option(None, help="Shipped suite name (default, quick) or a suite YAML path."),
+    gate: Optional[str] = typer.Option(None, help="Shipped gate name (default, quick) or a gate YAML path."),
+    quick: bool = typer.Option(False, help="The quick suite and its gate (a smoke check; ship on the default)."),
     device: str = typer.Option("cpu", help="torch device for both models."),
-    batch_size: int = typer.Option(1, help="lm-eval batch size."),
+    batch_size: int = typer.Option(8, help="lm-eval batch size."),
+    task_dtype: str = typer.Option("auto", help="Task scoring dtype for both models: auto (bfloat16 where the CPU "
+                                                "multiplies it natively, else float32), float32 or bfloat16."),
     limit: Optional[int] = typer.Option(None, help="At most N sequences per dataset, samples and task items."),
     cache: bool = typer.Option(True, help="Reuse the baseline's cached results for this model and suite."),
     overwrite: bool = typer.Option(False, help="Replace --report if it exists."),
 ) -> None:
     """Measure a candidate against its baseline (tokens, layers, tasks); exit 1 when any gate fails."""
-    from quantkit.eval.report import table_rows
+    from quantkit.eval.report import task_lines, table_rows
     from quantkit.eval.run import EvalOptions, run_eval
 
-    opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite, gates=gate,
-                       device=device, batch_size=batch_size, limit=limit, use_cache=cache, overwrite=overwrite)
+    preset = "quick" if quick else "default"
+    opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite or preset, gates=gate or preset,
+                       device=device, batch_size=batch_size, task_dtype=task_dtype, limit=limit, use_cache=cache,
+                       overwrite=overwrite)
     with _phase_progress() as on_phase:
         result = run_eval(opts, on_phase)
     table = Table(title=f"{candidate} vs {baseline} (sample sizes in {report / 'report.md'})")
@@ -233,6 +238,8 @@ def eval_(
     for row in table_rows(result, per_dataset=("perplexity_increase_pct",)):
         table.add_row(*row[:6], *row[7:], style="red" if row[-1] == "FAIL" else None)
     console.print(table, width=max(console.width, 150))  # CI logs are 80 wide: keep every column readable
+    for line in task_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
     failed = [g for g in result.gates if not g.passed]
     console.print(f"{result.header['sample_sizes']}; baseline {'cached' if result.header['baseline_cached'] else 'measured'}; "
                   f"{result.header['wall_seconds']:.0f} s. Report in {report}", highlight=False, soft_wrap=True)

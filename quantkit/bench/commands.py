@@ -367,3 +367,37 @@ def bench_ladder(
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"{result.seconds:.0f} s in all; wrote {out}/ladder.md, ladder.png, ladder.json", highlight=False)
 
+
+@bench_app.command("gate", epilog="Example: quantkit bench gate --limit 16 --out bench-gate/; "
+                                  "quantkit bench gate --only fp16,break-v-proj-scale --gates my-gates.yaml")
+def bench_gate(
+    model: str = typer.Option("smollm2-135m", help="The fp16 baseline every candidate is built from."),
+    suite: str = typer.Option("default", help="Eval suite: a shipped name or a YAML path."),
+    gates: str = typer.Option("default", help="Gate file: a shipped name or a YAML path."),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most N sequences per dataset, samples and task items."),
+    calib: Optional[Path] = typer.Option(None, help="GPTQ's calibration, a `quantkit calibrate` output (default: "
+                                                    "support_chat_en, 32 samples of up to 512 tokens, as make demo)."),
+    only: Optional[str] = typer.Option(None, help="Candidates to run, comma-separated (default: the whole ladder)."),
+    layer: Optional[int] = typer.Option(None, help="The decoder layer the break-* candidates change "
+                                                   "(default: the middle one)."),
+    rebuild: bool = typer.Option(False, help="Rebuild candidates already built in --out (default: reuse them)."),
+    out: Path = typer.Option(Path("bench-gate"), help="Work directory: candidates/, reports/, gate-ladder.md, "
+                                                      "gate-ladder.json."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """Candidates with known regressions, from fp16 itself to one broken tensor, through `quantkit eval`."""
+    from quantkit.bench.gate_ladder import GateLadderOptions, rich_table, run_gate_ladder, write_outputs
+
+    opts = GateLadderOptions(model=model, suite=suite, gates=gates, limit=limit, calib=calib, only=only,
+                             layer=layer, rebuild=rebuild, out=out, threads=threads)
+    with err_console.status("gate ladder") as status:
+        result = run_gate_ladder(opts, progress=lambda step: status.update(f"gate ladder: {step}"))
+    write_outputs(result, out)
+    console.print(rich_table(result.rows, result.title), width=max(console.width, 150))
+    console.print(f"{result.seconds:.0f} s in all; wrote {out}/gate-ladder.md, gate-ladder.json; reports in "
+                  f"{out}/reports", highlight=False)
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    if result.warnings:  # the gate misjudged the baseline against itself
+        raise typer.Exit(1)
+

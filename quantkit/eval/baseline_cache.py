@@ -14,17 +14,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from quantkit.eval.lm_tasks import TaskScores
 from quantkit.eval.token_metrics import BaselineTokens
 from quantkit.models import cache_dir
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 @dataclass
 class BaselineResults:
     tokens: dict[str, BaselineTokens] = field(default_factory=dict)  # per dataset
     layers: dict[str, torch.Tensor] = field(default_factory=dict)  # layer_metrics.baseline_pass output
-    tasks: dict[str, dict[int, float]] = field(default_factory=dict)  # per task, per doc id
+    tasks: dict[str, TaskScores] = field(default_factory=dict)  # per task
 
 
 def model_hash(path: Path) -> str:
@@ -53,7 +54,7 @@ def load(model_key: str, suite_key: str) -> BaselineResults | None:
         return None
     tokens = {ds: BaselineTokens.from_tensors(tensors, f"tokens.{i}") for i, ds in enumerate(meta["datasets"])}
     layers = {k: v for k, v in tensors.items() if k.startswith("layers.")}
-    tasks = {t: {int(d): s for d, s in scores.items()} for t, scores in meta["tasks"].items()}
+    tasks = {t: TaskScores.from_json(scores) for t, scores in meta["tasks"].items()}
     return BaselineResults(tokens, layers, tasks)
 
 
@@ -66,7 +67,7 @@ def store(model_key: str, suite_key: str, results: BaselineResults) -> Path:
         for i, tokens in enumerate(results.tokens.values()):
             tensors.update(tokens.to_tensors(f"tokens.{i}"))
         save_file({k: v.contiguous() for k, v in tensors.items()}, staging / "baseline.safetensors")
-        meta = {"schema": SCHEMA, "datasets": list(results.tokens), "tasks": results.tasks}
+        meta = {"schema": SCHEMA, "datasets": list(results.tokens), "tasks": {t: s.to_json() for t, s in results.tasks.items()}}
         (staging / "baseline.json").write_text(json.dumps(meta))
         if directory.exists():
             shutil.rmtree(directory)

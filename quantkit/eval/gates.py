@@ -1,7 +1,8 @@
 """Gates: compare each gated measurement's confidence interval (not its point estimate) with a threshold.
 
-Token metrics are gated on all token datasets pooled (per-dataset rows are for reading); task accuracy is
-gated per task; layer metrics once. A gate whose metric the suite did not measure is reported as skipped.
+Token metrics are gated per dataset and on all datasets pooled (one kind of traffic may not degrade while
+the pool hides it); task accuracy per task that can show a regression (baseline clearly above chance);
+layer metrics once. A gate whose metric the suite did not measure is reported as skipped.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class GateResult:
 
 
 def is_gated(m: Measurement) -> bool:
-    return m.metric in METRICS and (m.metric not in TOKEN_METRICS or m.scope == POOLED)
+    return m.metric in METRICS and m.gated
 
 
 def decide(threshold: Threshold, bound: str, m: Measurement) -> float:

@@ -1,9 +1,14 @@
-"""Task-level accuracy through lm-eval, offline: local task YAML + JSONL, our loaded model objects.
+"""Task-level accuracy through lm-eval, offline, with every item's score kept so baseline and candidate can
+be paired item by item.
 
-A task YAML names its data by bare file name (``dataset_kwargs.data_files: gk_mc.jsonl``), next to the
-YAML. lm-eval resolves data files against the working directory, so each task is rewritten into a
-temporary include directory with absolute paths. Both models go through the same HFLM adapter, and
-every item's score is kept so baseline and candidate can be paired item by item.
+A task is one of:
+- a standard benchmark (``hellaswag``, ``arc_easy``, ...): lm-eval's own definition on local data
+  (quantkit/eval/benchmarks.py);
+- a task YAML of our own or the user's, naming its data by file name next to the YAML
+  (``dataset_kwargs.data_files: gk_mc.jsonl``). lm-eval resolves data files against the working directory,
+  so the YAML is rewritten with absolute paths.
+Every task is written into one temporary include directory that a TaskManager without lm-eval's built-in
+index reads. Items are a seeded sample across the whole split, the same for both models.
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from quantkit.errors import QuantkitError
+from quantkit.eval.benchmarks import BENCHMARKS
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_EVALUATE_OFFLINE": "1", "HF_UPDATE_DOWNLOAD_COUNTS": "0"}
@@ -46,8 +53,23 @@ def go_offline() -> None:
 class TaskSpec:
     name: str
     metric: str
-    source: Path  # the task YAML as shipped
-    data_files: tuple[Path, ...]
+    sources: tuple[Path, ...]  # the files its items come from (part of the baseline's cache key)
+    items: int | None = None  # how many to score; None: all
+
+
+@dataclass
+class TaskScores:
+    """One model's per-item scores on one task, with what the task's chance level is on those items."""
+    scores: dict[int, float]  # doc id -> the task's metric
+    chance: float | None = None  # expected score of a uniform guess (mean of 1 / choices); None: not MC
+    majority: float | None = None  # share of the most common gold answer position, where gold is an index
+
+    def to_json(self) -> dict:
+        return {"scores": self.scores, "chance": self.chance, "majority": self.majority}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TaskScores:
+        return cls({int(d): s for d, s in data["scores"].items()}, data["chance"], data["majority"])
 
 
 def read_task(path: Path) -> tuple[TaskSpec, dict]:
@@ -83,27 +105,64 @@ def read_task(path: Path) -> tuple[TaskSpec, dict]:
     if metric is None:
         raise QuantkitError(f"{path}: 'metric_list': no per-item score to pair "
                             f"(need one of {', '.join(SCALAR_METRICS)})")
-    return TaskSpec(config["task"], metric, path, tuple(paths)), config
+    return TaskSpec(config["task"], metric, (path, *paths)), config
 
 
+def benchmark_task(name: str) -> tuple[TaskSpec, dict]:
+    benchmark = BENCHMARKS[name]
+    config = benchmark.config()
+    return TaskSpec(name, benchmark.metric, (Path(config["include"]), *benchmark.data_files())), config
+
+
+@dataclass
 class TaskRunner:
-    """Rewritten tasks in a temporary include directory; run() scores one model on all of them."""
+    """Tasks written into a temporary include directory; run() scores one model on all of them."""
+    tasks: list[tuple[TaskSpec, dict]]
+    seed: int = 0
+    specs: list[TaskSpec] = field(init=False)
+    sizes: dict[str, int] = field(init=False, default_factory=dict)  # documents in each task's split
 
-    def __init__(self, task_files: list[Path]):
-        read = [read_task(path) for path in task_files]
-        self.specs = [spec for spec, _ in read]
+    def __post_init__(self):
+        self.specs = [spec for spec, _ in self.tasks]
         names = [s.name for s in self.specs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise QuantkitError(f"two task files define task '{duplicates[0]}'")
         self._dir = tempfile.TemporaryDirectory(prefix="quantkit-tasks-")
-        for spec, config in read:
+        for spec, config in self.tasks:
             Path(self._dir.name, f"{spec.name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def close(self) -> None:
         self._dir.cleanup()
 
-    def run(self, model, tokenizer, limit: int | None = None, batch_size: int = 1) -> dict[str, dict[int, float]]:
+    @property
+    def include_dir(self) -> Path:
+        return Path(self._dir.name)
+
+    def _manager(self):
+        go_offline()
+        _quiet_lm_eval()
+        from lm_eval.tasks import TaskManager
+
+        return TaskManager(include_path=self._dir.name, include_defaults=False)
+
+    def item_ids(self, limit: int | None = None) -> dict[str, list[int]]:
+        """Per task, the documents scored: a seeded sample across the split of min(items, limit) documents,
+        in document order (all of them when neither is set)."""
+        if not self.sizes and self.specs:
+            tasks = self._manager().load([s.name for s in self.specs])["tasks"]
+            self.sizes = {name: len(task.eval_docs) for name, task in tasks.items()}
+        chosen = {}
+        for spec in self.specs:
+            size = self.sizes[spec.name]
+            caps = [n for n in (spec.items, limit) if n]
+            count = min([size, *caps])
+            rng = np.random.default_rng([self.seed, _stable_hash(spec.name)])
+            ids = np.arange(size) if count == size else np.sort(rng.choice(size, count, replace=False))
+            chosen[spec.name] = [int(i) for i in ids]
+        return chosen
+
+    def run(self, model, tokenizer, limit: int | None = None, batch_size: int = 1) -> dict[str, TaskScores]:
         """Per task, per document id, the task's metric for this model."""
         if not self.specs:
             return {}
@@ -113,42 +172,50 @@ class TaskRunner:
 
         return self.run_lm(HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size), limit)
 
-    def run_lm(self, lm, limit: int | None = None) -> dict[str, dict[int, float]]:
+    def run_lm(self, lm, limit: int | None = None) -> dict[str, TaskScores]:
         """The same for any lm-eval LM object (e.g. local-completions against `quantkit serve`)."""
-        go_offline()
-        _quiet_lm_eval()
         from lm_eval import simple_evaluate
-        from lm_eval.tasks import TaskManager
 
-        manager = TaskManager(include_path=self._dir.name, include_defaults=False, verbosity="ERROR")
-        results = simple_evaluate(model=lm, tasks=[s.name for s in self.specs], limit=limit, log_samples=True,
-                                  task_manager=manager, bootstrap_iters=0, verbosity="ERROR",
+        samples = self.item_ids(limit)
+        results = simple_evaluate(model=lm, tasks=[s.name for s in self.specs], samples=samples, log_samples=True,
+                                  task_manager=self._manager(), bootstrap_iters=0,
                                   random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
-        scores = {}
-        for spec in self.specs:
-            samples = results["samples"][spec.name]
-            scores[spec.name] = {int(s["doc_id"]): float(s[spec.metric]) for s in samples}
-        return scores
+        return {spec.name: _task_scores(spec, results["samples"][spec.name]) for spec in self.specs}
+
+
+def _task_scores(spec: TaskSpec, samples: list[dict]) -> TaskScores:
+    scores = {int(s["doc_id"]): float(s[spec.metric]) for s in samples}
+    if not samples or not all(s.get("arguments") and len(s["arguments"]) > 1 for s in samples):
+        return TaskScores(scores)  # not multiple choice: no chance level to state
+    per_choice = 2 if spec.metric == "acc_mutual_info" else 1  # it adds one unconditional request per choice
+    chance = float(np.mean([per_choice / len(s["arguments"]) for s in samples]))
+    golds = [_gold_answer(s) for s in samples]
+    majority = None
+    if all(g is not None for g in golds):
+        majority = max(golds.count(g) for g in set(golds)) / len(golds)
+    return TaskScores(scores, chance, majority)
+
+
+def _gold_answer(sample: dict) -> str | None:
+    """The gold choice's text: a model that always prefers one answer (" yes", " A") scores the share of
+    the most common one. Choices are scored each on its own, so their position does not matter."""
+    continuations = [arg[1] for arg in sample["arguments"]]
+    target = sample["target"]
+    if isinstance(target, int) and 0 <= target < len(continuations):
+        return continuations[target]
+    matches = [c for c in continuations if isinstance(target, str) and c.strip() == target.strip()]
+    return matches[0] if len(matches) == 1 else None  # winogrande: the choices differ in context, not answer
+
+
+def _stable_hash(name: str) -> int:
+    import zlib
+
+    return zlib.crc32(name.encode())
 
 
 def _quiet_lm_eval() -> None:
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    import datasets
 
-
-def measurements(baseline: dict[str, dict[int, float]], candidate: dict[str, dict[int, float]],
-                 bootstrap) -> list:
-    """Per task: each model's accuracy and the drop in points, paired over the items both were scored on."""
-    import numpy as np
-
-    from quantkit.eval.stats import Measurement, paired_bootstrap
-
-    rows = []
-    for task, base_scores in baseline.items():
-        items = sorted(set(base_scores) & set(candidate.get(task, {})))
-        base = np.array([base_scores[i] for i in items])
-        cand = np.array([candidate[task][i] for i in items])
-        drop = paired_bootstrap(len(items), lambda idx: (base[idx].mean() - cand[idx].mean()) * 100,
-                                resamples=bootstrap.resamples, confidence=bootstrap.confidence, seed=bootstrap.seed)
-        rows.append(Measurement("accuracy_drop_points", task, float(base.mean()), float(cand.mean()), drop, "items"))
-    return rows
+    datasets.disable_progress_bars()  # one bar per split loaded, on every run

@@ -51,13 +51,13 @@ def fmt(x, digits: int = 4) -> str:
 
 def table_rows(result: EvalResult, per_dataset: tuple[str, ...] | None = None) -> list[list[str]]:
     """metric, scope, baseline, candidate, delta, CI, n, gate, result: shared by the CLI and report.md.
-    ``per_dataset``: the token metrics to show per dataset besides the pooled row (default: all)."""
+    ``per_dataset``: the metrics to show where no gate applies to the row (default: every row)."""
     gates = {(g.metric, g.scope): g for g in result.gates if not g.skipped}
     rows = []
     for m in result.measurements:
-        if per_dataset is not None and not is_gated(m) and m.metric not in per_dataset:
-            continue
         e, gate = m.estimate, gates.get((m.metric, m.scope))
+        if per_dataset is not None and gate is None and m.metric not in per_dataset:
+            continue
         ci = f"[{fmt(e.low)}, {fmt(e.high)}]" if e.low is not None else "-"
         n = f"{e.n} {m.units}" + (f" / {m.tokens:,} tok" if m.tokens else "")
         rows.append([m.metric, m.scope, fmt(m.baseline), fmt(m.candidate), f"{fmt(e.value)} {DELTA_LABEL.get(m.metric, '')}".strip(),
@@ -90,7 +90,9 @@ def to_json(result: EvalResult) -> dict:
             "metric": m.metric, "scope": m.scope, "gated": is_gated(m), "baseline": _num(m.baseline),
             "candidate": _num(m.candidate), "value": _num(m.estimate.value), "ci_low": _num(m.estimate.low),
             "ci_high": _num(m.estimate.high), "confidence": confidence, "n": m.estimate.n, "units": m.units,
-            "tokens": m.tokens} for m in result.measurements],
+            "tokens": m.tokens, **({"details": {k: _num(v) if isinstance(v, float) else v
+                                                for k, v in m.details.items()}} if m.details else {})}
+            for m in result.measurements],
         "gates": [{
             "metric": g.metric, "scope": g.scope, "bound": g.bound, "threshold": g.limit,
             "fail_when": g.threshold.fail_when, "compared": _num(g.compared), "passed": g.passed,
@@ -111,8 +113,29 @@ def to_markdown(result: EvalResult) -> str:
              f"- sample sizes: {h['sample_sizes']}", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table_rows(result)]
+    tasks = task_lines(result)
+    if tasks:
+        lines += ["", "Tasks:", ""] + [f"- {line}" for line in tasks]
     lines += ["", "Plots: `layers.png` (per-layer SQNR and attention shift), `kl_histogram.png`.", ""]
     return "\n".join(lines)
+
+
+def task_lines(result: EvalResult) -> list[str]:
+    """Per task: its chance level, whether it can show a regression, and what its item count resolves."""
+    lines = []
+    for m in result.measurements:
+        d = m.details
+        if m.metric != "accuracy_drop_points" or not d:
+            continue
+        chance = "chance " + " / majority ".join(f"{x:.0%}" for x in (d["chance"], d["majority"]) if x is not None)
+        low = f" (95% low {d['baseline_low']:.1%})" if d.get("baseline_low") is not None else ""
+        verdict = ("gated" if d["above_chance"] else
+                   "NOT GATED: cannot show a regression (baseline not clearly above chance)")
+        discordance = f"{d['discordance']:.3f}" if d.get("discordance") is not None else "-"
+        lines.append(f"{m.scope}: {m.estimate.n} items, baseline {m.baseline:.1%}{low}, "
+                     f"{chance if d['chance'] is not None else 'chance level unknown'}; {verdict}; "
+                     f"resolves drops of {d['minimum_detectable_drop']:.1f} points; discordance {discordance}")
+    return lines
 
 
 def to_junit(result: EvalResult) -> bytes:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from quantkit.algorithms.gptq import resolve_compute_dtype
 from quantkit.errors import QuantkitError
-from quantkit.eval import baseline_cache, layer_metrics, lm_tasks, token_metrics
+from quantkit.eval import baseline_cache, layer_metrics, lm_tasks, task_metrics, token_metrics
 from quantkit.eval.baseline_cache import BaselineResults
 from quantkit.eval.gates import POOLED, evaluate_gates
 from quantkit.eval.report import EvalResult, write_report
-from quantkit.eval.suite import Suite, load_gates, load_suite, suite_hash, task_files
+from quantkit.eval.power import check_task_margin
+from quantkit.eval.suite import Gates, Suite, load_gates, load_suite, suite_hash, task_configs
 from quantkit.outdir import atomic_output_dir, check_output_dir
 
 # on_phase(description, total) -> step(): advances that phase by one unit.
@@ -33,7 +35,11 @@ class EvalOptions:
     suite: str = "default"
     gates: str = "default"
     device: str = "cpu"
-    batch_size: int = 1
+    batch_size: int = 8
+    # Task scoring's compute dtype: "auto" is bfloat16 where the CPU multiplies it natively (AMX, AVX-512 BF16;
+    # about 4x float32 on SmolLM2), float32 elsewhere. Both models are scored in the same dtype, item by item,
+    # so the paired drop compares like with like; token and layer metrics always run in float32.
+    task_dtype: str = "auto"
     limit: int | None = None
     use_cache: bool = True
     overwrite: bool = False
@@ -56,19 +62,23 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
     on_phase = on_phase or (lambda description, total: lambda: None)
     suite, suite_path = load_suite(opts.suite)
     gates, gates_path = load_gates(opts.gates)
-    files = task_files(suite, suite_path)
+    tasks = task_configs(suite, suite_path)
     check_output_dir(opts.report, opts.overwrite)
+    if opts.task_dtype not in ("auto", "float32", "bfloat16"):
+        raise QuantkitError(f"--task-dtype {opts.task_dtype!r}: expected auto, float32 or bfloat16")
     if opts.limit is not None and opts.limit < 1:
         raise QuantkitError(f"--limit must be at least 1, not {opts.limit}")
     base_path, cand_path = resolve_model(opts.baseline), resolve_model(opts.candidate)
     tokenizer = load_tokenizer(base_path)
     check_same_tokenizer(tokenizer, cand_path, opts.candidate, opts.baseline)
-    plan = _Plan(suite, suite_path, lm_tasks.TaskRunner(files))
+    plan = _Plan(suite, suite_path, lm_tasks.TaskRunner(tasks, suite.bootstrap.seed))
     try:
         _prepare(plan, tokenizer, opts.limit)
-        data_files = [f for spec in plan.tasks.specs for f in (spec.source, *spec.data_files)]
+        _check_task_power(plan, gates, gates_path, opts.limit)
+        data_files = [f for spec in plan.tasks.specs for f in spec.sources]
+        task_dtype = resolve_compute_dtype(opts.task_dtype)
         keys = (baseline_cache.model_hash(base_path),
-                suite_hash(suite, data_files, opts.limit) + opts.device.replace(":", ""))
+                suite_hash(suite, data_files, opts.limit) + opts.device.replace(":", "") + _short(task_dtype))
         cached = baseline_cache.load(*keys) if opts.use_cache else None
         baseline = cached or _measure_baseline(plan, base_path, tokenizer, opts, on_phase)
         if cached is None and opts.use_cache:
@@ -83,7 +93,8 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
         "candidate": {"ref": opts.candidate, "path": str(cand_path)},
         "suite": {"name": suite.name, "path": str(suite_path), "hash": keys[1]},
         "gates": {"name": gates.name, "path": str(gates_path)},
-        "limit": opts.limit, "device": opts.device, "baseline_cached": cached is not None,
+        "limit": opts.limit, "device": opts.device, "task_dtype": _short(task_dtype),
+        "baseline_cached": cached is not None,
         "confidence": bootstrap.confidence, "resamples": bootstrap.resamples, "seed": bootstrap.seed,
         "sample_sizes": _sample_sizes(plan, baseline),
         "wall_seconds": round(time.time() - start, 1),
@@ -116,15 +127,25 @@ def check_same_tokenizer(tokenizer, cand_path: Path, cand_ref: str, base_ref: st
 
 def _prepare(plan: _Plan, tokenizer, limit: int | None) -> None:
     cap = (lambda n: min(n, limit)) if limit else (lambda n: n)
+    seed = plan.suite.bootstrap.seed
     if plan.suite.token_metrics:
         spec = plan.suite.token_metrics
         for dataset in spec.datasets:
             plan.token_sequences[dataset] = token_metrics.dataset_sequences(
-                dataset, tokenizer, spec.max_seq_len, cap(spec.max_sequences))
+                dataset, tokenizer, spec.max_seq_len, cap(spec.records), seed)
     if plan.suite.layer_metrics:
         spec = plan.suite.layer_metrics
         plan.layer_samples = token_metrics.dataset_sequences(spec.dataset, tokenizer, spec.max_seq_len,
-                                                             cap(spec.num_samples))
+                                                             cap(spec.num_samples), seed)
+
+
+def _check_task_power(plan: _Plan, gates: Gates, gates_path: Path, limit: int | None) -> None:
+    threshold = gates.gates.get("accuracy_drop_points")
+    if threshold is None or not plan.tasks.specs:
+        return
+    counts = {task: len(ids) for task, ids in plan.tasks.item_ids(limit).items()}
+    power, confidence = plan.suite.task_power, plan.suite.bootstrap.confidence
+    check_task_margin(threshold.max, counts, power.discordance, confidence, power.power, gates_path)
 
 
 def _load(path: Path, device: str):
@@ -149,7 +170,8 @@ def _measure_baseline(plan: _Plan, path: Path, tokenizer, opts: EvalOptions, on_
                                                  on_phase("baseline layers", len(plan.layer_samples)))
     if plan.tasks.specs:
         step = on_phase(f"baseline tasks ({len(plan.tasks.specs)})", 1)
-        out.tasks = plan.tasks.run(model, tokenizer, _task_limit(plan.suite, opts.limit), opts.batch_size)
+        out.tasks = plan.tasks.run(model.to(resolve_compute_dtype(opts.task_dtype)), tokenizer, opts.limit,
+                                   opts.batch_size)
         step()
     return out
 
@@ -174,16 +196,16 @@ def _compare(plan: _Plan, baseline: BaselineResults, path: Path, tokenizer, opts
         layers = {"sqnr_db": comparison.sqnr_db().tolist(), "attention_js": comparison.attention_shift().tolist()}
     if plan.tasks.specs:
         step = on_phase(f"candidate tasks ({len(plan.tasks.specs)})", 1)
-        scores = plan.tasks.run(model, tokenizer, _task_limit(plan.suite, opts.limit), opts.batch_size)
+        scores = plan.tasks.run(model.to(resolve_compute_dtype(opts.task_dtype)), tokenizer, opts.limit,
+                                opts.batch_size)
         step()
-        measurements += lm_tasks.measurements(baseline.tasks, scores, bootstrap)
+        measurements += task_metrics.measurements(baseline.tasks, scores, bootstrap, plan.suite.task_power)
     kl = np.concatenate([p.kl for p in parts]) if parts else np.zeros(0)
     return EvalResult({}, measurements, [], layers, kl)
 
 
-def _task_limit(suite: Suite, limit: int | None) -> int | None:
-    caps = [n for n in (suite.max_items_per_task, limit) if n]
-    return min(caps) if caps else None
+def _short(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _sample_sizes(plan: _Plan, baseline: BaselineResults) -> str:
@@ -195,6 +217,6 @@ def _sample_sizes(plan: _Plan, baseline: BaselineResults) -> str:
     if plan.layer_samples:
         parts.append(f"layers: {len(plan.layer_samples)} samples of up to {max(map(len, plan.layer_samples))} tokens")
     for task, scores in baseline.tasks.items():
-        parts.append(f"{task}: {len(scores)} items")
+        parts.append(f"{task}: {len(scores.scores)} items")
     return "; ".join(parts) or "nothing measured"
 

@@ -8,7 +8,7 @@ spread of the paired difference, not of each model separately.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -67,3 +67,5 @@ class Measurement:
     estimate: Estimate
     units: str  # what estimate.n counts: sequences, items, samples
     tokens: int | None = None
+    gated: bool = True  # False: measured and reported, but it cannot show a regression (e.g. a task at chance)
+    details: dict = field(default_factory=dict)  # what a reader needs to judge the row (chance level, power)

@@ -3,18 +3,19 @@
 A suite says what to measure:
 
     name: default
-    token_metrics: {datasets: [pile_style_en:eval, support_chat_en:eval], max_seq_len: 256, max_sequences: 8}
+    token_metrics: {datasets: [pile_style_en:eval, support_chat_en:eval], max_seq_len: 256, records: 32}
     layer_metrics: {dataset: pile_style_en:eval, num_samples: 4, max_seq_len: 128}
-    tasks: shipped            # every task in quantkit/eval/tasks/, or a list of task names / YAML paths
+    tasks: {arc_easy: 570, piqa: 600}   # task -> items scored (null: all); or a list of names / YAML paths
+    task_power: {discordance: 0.15, power: 0.8}
     bootstrap: {resamples: 1000, confidence: 0.95, seed: 0}
 
 A gate file says how much worse the candidate may be, one threshold per metric:
 
     name: default
     gates:
-      perplexity_increase_pct: {max: 10}
-      top1_agreement: {min: 0.85}
-      accuracy_drop_points: {max: 5, fail_when: interval_beyond}
+      perplexity_increase_pct: {max: 15}
+      top1_agreement: {min: 0.80}
+      accuracy_drop_points: {max: 5}
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -31,7 +32,7 @@ from quantkit.yaml_files import load_yaml_model
 
 # Gate metric name -> what it measures. "max" metrics are worse when larger, "min" metrics when smaller.
 METRICS = {
-    "perplexity_increase_pct": ("max", "candidate perplexity over baseline, % increase, all token datasets pooled"),
+    "perplexity_increase_pct": ("max", "candidate perplexity over baseline, % increase, per token dataset and pooled"),
     "kl_mean": ("max", "mean per-token KL(baseline || candidate), nats"),
     "kl_p99": ("max", "99th percentile of per-token KL(baseline || candidate), nats"),
     "top1_agreement": ("min", "fraction of tokens where both models predict the same next token"),
@@ -48,7 +49,7 @@ class _Strict(BaseModel):
 class TokenMetricsSpec(_Strict):
     datasets: list[str] = Field(default_factory=lambda: ["pile_style_en:eval"], min_length=1)
     max_seq_len: int = Field(256, ge=2)
-    max_sequences: int = Field(8, ge=1)  # per dataset
+    records: int = Field(32, ge=1)  # per dataset: a seeded sample across the split, one sequence per record
     kl_top_k: int = Field(256, ge=1)  # baseline tokens kept exactly; the rest of its mass is one bucket
 
 
@@ -64,14 +65,37 @@ class BootstrapSpec(_Strict):
     seed: int = 0
 
 
+class TaskPowerSpec(_Strict):
+    """What the power check before scoring assumes: the share of items a candidate that should pass scores
+    differently from its baseline, and the chance such a candidate must have to pass (see eval/power.py)."""
+    discordance: float = Field(0.15, gt=0, lt=1)
+    power: float = Field(0.8, gt=0, lt=1)
+    basis: str = ""  # where the assumed discordance comes from
+
+
 class Suite(_Strict):
     name: str
     description: str = ""
     token_metrics: TokenMetricsSpec | None = TokenMetricsSpec()
     layer_metrics: LayerMetricsSpec | None = LayerMetricsSpec()
-    tasks: Union[Literal["shipped"], list[str]] = "shipped"
-    max_items_per_task: int | None = Field(None, ge=1)  # the first N items of each task
+    # task name or YAML path -> items scored (a seeded sample across the split; null: all of them)
+    tasks: Union[list[str], dict[str, Optional[int]]] = Field(default_factory=list)
+    max_items_per_task: int | None = Field(None, ge=1)  # a cap on every task's items
+    task_power: TaskPowerSpec = TaskPowerSpec()
     bootstrap: BootstrapSpec = BootstrapSpec()
+
+    @field_validator("tasks")
+    @classmethod
+    def _positive_items(cls, tasks):
+        for name, items in (tasks.items() if isinstance(tasks, dict) else []):
+            if items is not None and items < 1:
+                raise ValueError(f"task '{name}': items must be at least 1, not {items}")
+        return tasks
+
+    def task_items(self) -> dict[str, int | None]:
+        items = self.tasks if isinstance(self.tasks, dict) else dict.fromkeys(self.tasks)
+        cap = self.max_items_per_task
+        return {ref: min(n for n in (count, cap) if n) if (count or cap) else None for ref, count in items.items()}
 
 
 class Threshold(_Strict):
@@ -103,6 +127,9 @@ class Gates(_Strict):
             sense = METRICS[metric][0]
             if getattr(threshold, sense) is None:
                 raise ValueError(f"metric '{metric}' takes a {sense} bound ({METRICS[metric][1]})")
+            if metric == "accuracy_drop_points" and threshold.fail_when != "interval_crosses":
+                raise ValueError("accuracy_drop_points is a non-inferiority gate: the whole interval of the drop "
+                                 "must be within the margin (fail_when: interval_crosses)")
         return gates
 
 
@@ -115,18 +142,27 @@ def shipped_task_names() -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
 
 
-def task_files(suite: Suite, suite_path: Path) -> list[Path]:
-    """The task YAML files a suite names, each checked to exist with its data file."""
-    if suite.tasks == "shipped":
-        return [shipped_tasks_dir() / f"{name}.yaml" for name in shipped_task_names()]
-    files = []
-    for i, ref in enumerate(suite.tasks):
-        path = shipped_tasks_dir() / f"{ref}.yaml" if ref in shipped_task_names() else _relative(ref, suite_path)
-        if not path.is_file():
-            raise QuantkitError(f"{suite_path}: 'tasks.{i}': task '{ref}' not found (no such YAML file)",
-                                hint=f"shipped tasks: {', '.join(shipped_task_names()) or 'none'}")
-        files.append(path)
-    return files
+def task_configs(suite: Suite, suite_path: Path) -> list:
+    """The suite's tasks as (TaskSpec, lm-eval config) pairs: standard benchmarks by name, shipped task names,
+    or task YAML paths relative to the suite."""
+    from dataclasses import replace
+
+    from quantkit.eval.benchmarks import BENCHMARKS
+    from quantkit.eval.lm_tasks import benchmark_task, read_task
+
+    tasks = []
+    for ref, items in suite.task_items().items():
+        if ref in BENCHMARKS:
+            spec, config = benchmark_task(ref)
+        else:
+            path = shipped_tasks_dir() / f"{ref}.yaml" if ref in shipped_task_names() else _relative(ref, suite_path)
+            if not path.is_file():
+                raise QuantkitError(f"{suite_path}: 'tasks': unknown task '{ref}' (not a benchmark, a shipped task "
+                                    "or a YAML file)",
+                                    hint=f"benchmarks: {', '.join(BENCHMARKS)}; shipped: {', '.join(shipped_task_names())}")
+            spec, config = read_task(path)
+        tasks.append((replace(spec, items=items), config))
+    return tasks
 
 
 def _relative(ref: str, suite_path: Path) -> Path:

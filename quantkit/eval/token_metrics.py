@@ -49,19 +49,21 @@ class TokenComparison:
                                  ("base_nll", "cand_nll", "counts", "kl", "agree")))
 
 
-def chunk_tokens(token_ids: list[list[int]], max_seq_len: int, max_sequences: int) -> list[list[int]]:
-    """Records' tokens concatenated and cut into full chunks (the usual perplexity protocol); a set too
-    short for one full chunk gives one shorter sequence."""
-    flat = [t for ids in token_ids for t in ids]
-    chunks = [flat[i:i + max_seq_len] for i in range(0, len(flat) // max_seq_len * max_seq_len, max_seq_len)]
-    return (chunks or [flat])[:max_sequences]
+def sample_records(token_ids: list[list[int]], max_seq_len: int, records: int, seed: int) -> list[list[int]]:
+    """A seeded sample of records across the whole split, each record one sequence (its first max_seq_len
+    tokens), in split order. One sequence per record keeps the bootstrap's units independent: chunks of one
+    long record are not."""
+    usable = [i for i, ids in enumerate(token_ids) if len(ids) >= 2]
+    rng = np.random.default_rng(seed)
+    chosen = usable if records >= len(usable) else sorted(rng.choice(usable, records, replace=False).tolist())
+    return [token_ids[i][:max_seq_len] for i in chosen]
 
 
-def dataset_sequences(dataset: str, tokenizer, max_seq_len: int, max_sequences: int) -> list[list[int]]:
+def dataset_sequences(dataset: str, tokenizer, max_seq_len: int, records: int, seed: int = 0) -> list[list[int]]:
     from quantkit.data.readers import read_records
     from quantkit.data.samples import tokenize
 
-    return chunk_tokens(tokenize(read_records(dataset), tokenizer), max_seq_len, max_sequences)
+    return sample_records(tokenize(read_records(dataset), tokenizer), max_seq_len, records, seed)
 
 
 def _log_probs(model, ids: list[int]) -> torch.Tensor:
@@ -115,7 +117,7 @@ def bucketed_kl(p_top_logp: torch.Tensor, top_idx: torch.Tensor, logq: torch.Ten
 
 def measurements(comparison: TokenComparison, scope: str, bootstrap) -> list[Measurement]:
     """Perplexity increase, KL mean and p99, top-1 agreement, each with a paired bootstrap interval over
-    sequences."""
+    sequences (records)."""
     c = comparison
     offsets = np.concatenate([[0], np.cumsum(c.counts)])
     kwargs = dict(resamples=bootstrap.resamples, confidence=bootstrap.confidence, seed=bootstrap.seed)

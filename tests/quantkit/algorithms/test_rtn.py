@@ -73,3 +73,12 @@ def test_weighted_mse_grid_clips_a_large_weight_whose_input_is_quiet():
     weighted = mse_grid_params(w, scheme, column_weights=quiet_first)[0]
     assert plain > 0.9 * full
     assert weighted < 0.85 * full
+
+
+def test_three_bit_grid_has_eight_levels_per_group():
+    torch.manual_seed(0)
+    w = torch.randn(8, 128)
+    qw = rtn_quantize(w, WeightScheme(3, 64, False, torch.float32))
+    assert WeightScheme(3).max_q == 7 and int(qw.q.max()) <= 7 and int(qw.zero.max()) <= 7
+    fake = fake_quantize(w, WeightScheme(3, 64, False, torch.float32)).reshape(-1, 64)
+    assert max(len(torch.unique(group)) for group in fake) <= 8

@@ -44,7 +44,7 @@ def write_task(directory: Path, name: str = "tiny_mc") -> Path:
 def write_suite(directory: Path, tasks: list[str], **overrides) -> Path:
     suite = {"name": "tiny",
              "token_metrics": {"datasets": ["support_chat_en:eval", "pile_style_en:eval"], "max_seq_len": 48,
-                               "max_sequences": 3},
+                               "records": 3},
              "layer_metrics": {"dataset": "pile_style_en:eval", "num_samples": 2, "max_seq_len": 24},
              "tasks": tasks, "bootstrap": {"resamples": 200}} | overrides
     path = directory / "suite.yaml"

@@ -13,7 +13,7 @@ gates:
   perplexity_increase_pct: {max: 5}
   kl_mean: {max: 0.01}
   top1_agreement: {min: 0.9}
-  accuracy_drop_points: {max: 50, fail_when: interval_beyond}
+  accuracy_drop_points: {max: 80}   # what 2 paired items resolve (76.7 points at discordance 0.15)
   attention_shift_max: {max: 0.05}
   layer_sqnr_min_db: {min: 20}
 """
@@ -32,8 +32,12 @@ def test_identical_models_pass_every_gate_and_reuse_the_cached_baseline(tiny_mod
     code, out, err = run_cli(*args, "--report", tmp_path / "r1")
     assert code == 0, err
     report = json.loads((tmp_path / "r1" / "report.json").read_text())
-    assert report["passed"] and not report["baseline_cached"] and len(report["gates"]) == 6
+    assert report["passed"] and not report["baseline_cached"]
+    # token gates per dataset (2) and pooled, the task gate, the layer gates
+    assert len(report["gates"]) == 3 * 3 + 1 + 2
     assert all(g["passed"] and not g["skipped"] for g in report["gates"])
+    task = next(m for m in report["measurements"] if m["metric"] == "accuracy_drop_points")
+    assert task["details"]["chance"] == 1 / 3 and task["details"]["discordance"] == 0
     rows = {(m["metric"], m["scope"]): m for m in report["measurements"]}
     assert rows["kl_mean", "all"]["value"] == 0 and rows["top1_agreement", "all"]["value"] == 1
     assert rows["layer_sqnr_min_db", "layers"]["value"] == "inf"
@@ -88,5 +92,15 @@ def test_bad_gate_and_missing_task_are_one_line_exit_2(tiny_model, setup, tmp_pa
     missing = write_suite(tmp_path, ["no_such_task"])
     code, _, err = run_cli("eval", "--baseline", tiny_model, "--candidate", tiny_model, "--suite", missing,
                            "--report", tmp_path / "r")
-    assert code == 2 and "'tasks.0': task 'no_such_task' not found" in err
+    assert code == 2 and "unknown task 'no_such_task'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_task_margin_finer_than_the_items_resolve_is_refused(tiny_model, setup, tmp_path, run_cli):
+    suite, gate = setup
+    gate.write_text(GATES.replace("max: 80", "max: 5"))
+    code, _, err = run_cli("eval", "--baseline", tiny_model, "--candidate", tiny_model, "--suite", suite,
+                           "--gate", gate, "--report", tmp_path / "r")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "'accuracy_drop_points.max': 5 points is finer than task 'tiny_mc' resolves with 4 items" in err
+    assert "it needs 471 items" in err and not (tmp_path / "r").exists()

@@ -31,15 +31,29 @@ def test_min_gate_and_point_estimate_without_interval():
     assert [r.passed for r in results] == [False, True]
 
 
-def test_per_dataset_rows_are_not_gated_and_unmeasured_gates_skip():
+def test_per_dataset_rows_are_gated_and_unmeasured_gates_skip():
     gates = Gates(name="g", gates={"kl_mean": {"max": 0.1}, "accuracy_drop_points": {"max": 5}})
-    results = evaluate_gates(gates, [m("kl_mean", 0.05, 0.04, 0.06), m("kl_mean", 9, 8, 10, "pile_style_en:eval")])
-    assert [(r.scope, r.passed, r.skipped) for r in results] == [("all", True, False), ("-", True, True)]
+    results = evaluate_gates(gates, [m("kl_mean", 0.05, 0.04, 0.06), m("kl_mean", 0.3, 0.2, 0.4, "pile_style_en:eval")])
+    assert [(r.scope, r.passed, r.skipped) for r in results] == [
+        ("all", True, False), ("pile_style_en:eval", False, False), ("-", True, True)]
+
+
+def test_task_gate_is_non_inferiority_and_skips_tasks_at_chance():
+    gates = Gates(name="g", gates={"accuracy_drop_points": {"max": 5}})
+
+    def task(scope, drop, low, high, gated=True):
+        return Measurement("accuracy_drop_points", scope, 0.6, 0.6 - drop / 100, Estimate(drop, low, high, 500),
+                           "items", gated=gated)
+
+    results = evaluate_gates(gates, [task("arc_easy", 1.0, -2.0, 4.0), task("piqa", 3.0, 0.5, 5.5),
+                                     task("winogrande", 20.0, 15.0, 25.0, gated=False)])
+    # piqa's drop is not proven above 5 points, but it is not shown within them either: it fails
+    assert [(r.scope, r.passed) for r in results] == [("arc_easy", True), ("piqa", False)]
 
 
 def _result(tmp_path):
     gates = Gates(name="default", gates={"kl_mean": {"max": 0.1}, "top1_agreement": {"min": 0.9},
-                                         "accuracy_drop_points": {"max": 5, "fail_when": "interval_beyond"}})
+                                         "accuracy_drop_points": {"max": 5}})
     measurements = [m("kl_mean", 0.5, 0.4, 0.6), m("top1_agreement", 0.95, 0.93, 0.97)]
     header = {"baseline": {"ref": "b"}, "candidate": {"ref": "c"}, "suite": {"name": "s"}, "gates": {"name": "default"},
               "confidence": 0.95, "resamples": 100, "sample_sizes": "tokens: 10 sequences"}

@@ -10,7 +10,7 @@ def test_bare_data_file_is_rewritten_to_an_absolute_path(eval_task):
     spec, config = read_task(eval_task)
     assert spec.name == "tiny_mc" and spec.metric == "acc"
     assert config["dataset_kwargs"]["data_files"] == str(eval_task.with_suffix(".jsonl").resolve())
-    runner = TaskRunner([eval_task])
+    runner = TaskRunner([(spec, config)])
     try:
         written = yaml.safe_load(next(iter(__import__("pathlib").Path(runner._dir.name).glob("*.yaml"))).read_text())
         assert written["dataset_kwargs"]["data_files"] == config["dataset_kwargs"]["data_files"]
@@ -32,13 +32,17 @@ def test_runs_offline_with_per_item_scores(tiny_model, eval_task, monkeypatch):
         raise AssertionError("network access during an offline eval")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
-    runner = TaskRunner([eval_task])
+    runner = TaskRunner([read_task(eval_task)])
     try:
         scores = runner.run(load_model(tiny_model), load_tokenizer(tiny_model), limit=3)
+        chosen = runner.item_ids(limit=3)["tiny_mc"]
     finally:
         runner.close()
-    assert list(scores) == ["tiny_mc"] and sorted(scores["tiny_mc"]) == [0, 1, 2]
-    assert set(scores["tiny_mc"].values()) <= {0.0, 1.0}
+    assert list(scores) == ["tiny_mc"] and sorted(scores["tiny_mc"].scores) == chosen
+    assert len(chosen) == 3 and set(chosen) <= {0, 1, 2, 3}  # a seeded sample across the 4 items
+    assert set(scores["tiny_mc"].scores.values()) <= {0.0, 1.0}
+    # three choices per item, and each item's gold answer is a different string
+    assert scores["tiny_mc"].chance == pytest.approx(1 / 3) and scores["tiny_mc"].majority == pytest.approx(1 / 3)
     import os
 
     assert os.environ["HF_DATASETS_OFFLINE"] == os.environ["HF_EVALUATE_OFFLINE"] == "1"

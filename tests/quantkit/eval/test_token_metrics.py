@@ -45,7 +45,11 @@ def test_bucketed_kl_is_exact_with_the_whole_vocabulary_and_a_lower_bound_otherw
     assert (bucketed <= exact + 1e-6).all() and (bucketed > 0).all()
 
 
-def test_chunks_are_full_and_capped():
-    assert tm.chunk_tokens([[1, 2, 3], [4, 5, 6, 7]], 3, 5) == [[1, 2, 3], [4, 5, 6]]
-    assert tm.chunk_tokens([[1, 2]], 3, 5) == [[1, 2]]
-    assert len(tm.chunk_tokens([list(range(100))], 10, 4)) == 4
+def test_records_are_sampled_across_the_split_one_sequence_each():
+    records = [[i] * (i % 7 + 1) for i in range(100)]  # records 0, 7, 14, ... have one token: unusable
+    chosen = tm.sample_records(records, max_seq_len=4, records=10, seed=0)
+    assert len(chosen) == 10 and all(2 <= len(ids) <= 4 for ids in chosen)
+    firsts = [ids[0] for ids in chosen]
+    assert firsts == sorted(firsts) and len(set(firsts)) == 10 and max(firsts) > 50  # not the split's start
+    assert tm.sample_records(records, 4, 10, seed=0) == chosen and tm.sample_records(records, 4, 10, seed=1) != chosen
+    assert len(tm.sample_records(records, 4, 1000, seed=0)) == 85  # every usable record
