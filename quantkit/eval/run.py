@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from quantkit.algorithms.gptq import resolve_compute_dtype
 from quantkit.errors import QuantkitError
@@ -77,8 +78,10 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
         _check_task_power(plan, gates, gates_path, opts.limit)
         data_files = [f for spec in plan.tasks.specs for f in spec.sources]
         task_dtype = resolve_compute_dtype(opts.task_dtype)
-        keys = (baseline_cache.model_hash(base_path),
-                suite_hash(suite, data_files, opts.limit) + opts.device.replace(":", "") + _short(task_dtype))
+        # The dtype and the thread count change the low bits of every product (bfloat16 on 1 and 2 threads
+        # scores 1 of 120 arc_easy items differently): a baseline is reused only where both match.
+        computed_with = f"{opts.device}/{_short(task_dtype)}/{torch.get_num_threads()} threads"
+        keys = (baseline_cache.model_hash(base_path), suite_hash(suite, data_files, opts.limit, computed_with))
         cached = baseline_cache.load(*keys) if opts.use_cache else None
         baseline = cached or _measure_baseline(plan, base_path, tokenizer, opts, on_phase)
         if cached is None and opts.use_cache:
@@ -94,6 +97,7 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
         "suite": {"name": suite.name, "path": str(suite_path), "hash": keys[1]},
         "gates": {"name": gates.name, "path": str(gates_path)},
         "limit": opts.limit, "device": opts.device, "task_dtype": _short(task_dtype),
+        "threads": torch.get_num_threads(),
         "baseline_cached": cached is not None,
         "confidence": bootstrap.confidence, "resamples": bootstrap.resamples, "seed": bootstrap.seed,
         "sample_sizes": _sample_sizes(plan, baseline),

@@ -195,11 +195,12 @@ def _load(path: Path, schema: type[BaseModel], what: str):
     return load_yaml_model(path, schema)
 
 
-def suite_hash(suite: Suite, files: list[Path], limit: int | None) -> str:
-    """What the baseline's numbers depend on besides the model: the suite, its datasets and task files."""
+def suite_hash(suite: Suite, files: list[Path], limit: int | None, computed_with: str = "") -> str:
+    """What the baseline's numbers depend on besides the model: the suite, its datasets and task files, and
+    how they were computed (device, dtype, threads)."""
     from quantkit.data.readers import dataset_hash
 
-    digest = hashlib.sha256(json.dumps([suite.model_dump(mode="json"), limit], sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps([suite.model_dump(mode="json"), limit, computed_with], sort_keys=True).encode())
     datasets = list(suite.token_metrics.datasets if suite.token_metrics else [])
     datasets += [suite.layer_metrics.dataset] if suite.layer_metrics else []
     for ref in datasets:
