@@ -10,7 +10,9 @@ LLMEngine (add_request / step / abort / stats) is the layer underneath, for serv
 from quantkit.runtime.config import EngineConfig
 from quantkit.runtime.engine import EngineStats, LLMEngine
 from quantkit.runtime.llm import LLM
+from quantkit.runtime.logprobs import TokenLogprob
 from quantkit.runtime.outputs import RequestMetrics, RequestOutput
 from quantkit.runtime.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "LLMEngine", "EngineConfig", "EngineStats", "RequestOutput", "RequestMetrics"]
+__all__ = ["LLM", "SamplingParams", "LLMEngine", "EngineConfig", "EngineStats", "RequestOutput", "RequestMetrics",
+           "TokenLogprob"]

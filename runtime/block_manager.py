@@ -60,11 +60,12 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks that equal seq's leading full blocks, leaving at least one token to compute."""
+        """Cached blocks that equal seq's leading full blocks, within its cacheable tokens (at least the last
+        token, and any position whose prompt log-probability is pending, stays to compute)."""
         if not self.enable_prefix_caching:
             return []
         hits, parent = [], None
-        for index in range((seq.num_tokens - 1) // self.block_size):
+        for index in range(seq.num_cacheable_tokens // self.block_size):
             tokens = tuple(seq.block_tokens(index, self.block_size))
             h = block_hash(parent, tokens)
             block_id = self.cached.get(h)

@@ -16,6 +16,7 @@ from quantkit.models import load_tokenizer, resolve_model
 from quantkit.runtime.block_manager import BlockManager
 from quantkit.runtime.config import EngineConfig
 from quantkit.runtime.detokenizer import take_delta, update_text
+from quantkit.runtime.logprobs import TokenLogprob
 from quantkit.runtime.model_runner import ModelRunner
 from quantkit.runtime.outputs import RequestMetrics, RequestOutput
 from quantkit.runtime.sampling_params import SamplingParams
@@ -101,14 +102,17 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        tokens = self.runner.execute(scheduled)
+        step = self.runner.execute(scheduled)
+        for (seq, _), scored in zip(scheduled, step.prompt_logprobs):
+            if scored:
+                seq.prompt_logprobs.extend(scored)
         self.scheduler.update(scheduled)
-        self._count(scheduled, tokens)
+        self._count(scheduled, step.tokens)
         outputs = []
-        for (seq, _), token in zip(scheduled, tokens):
+        for (seq, _), token, logprob in zip(scheduled, step.tokens, step.logprobs):
             if token is None:
                 continue
-            seq.append_token(token)
+            seq.append_token(token, logprob)
             reason, stop_reason = self._check_stop(seq, token)
             if reason:
                 seq.stop_reason = stop_reason
@@ -137,7 +141,8 @@ class LLMEngine:
             text=seq.output_text, token_ids=seq.output_token_ids, finished=seq.is_finished,
             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             metrics=RequestMetrics.of(seq, time.perf_counter()), delta_text=take_delta(seq),
-            delta_token_ids=new_tokens)
+            delta_token_ids=new_tokens, prompt_logprobs=_prompt_logprobs(seq),
+            logprobs=None if seq.output_logprobs is None else list(seq.output_logprobs))
 
     def _count(self, scheduled: list[tuple[Sequence, int]], tokens: list[int | None]) -> None:
         step_tokens = sum(n for _, n in scheduled)
@@ -157,6 +162,13 @@ class LLMEngine:
             computed_tokens=self._step_tokens, generation_tokens=self._generation_tokens,
             last_step_tokens=self._last_step_tokens,
             mean_step_tokens=self._step_tokens / self._steps if self._steps else 0.0)
+
+
+def _prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
+    """One entry per prompt position, None before the first scored one (position 0 has no prefix)."""
+    if seq.prompt_logprobs is None:
+        return None
+    return [None] * seq.prompt_logprobs_from + seq.prompt_logprobs
 
 
 def _eos_token_ids(path: Path, tokenizer) -> set[int]:

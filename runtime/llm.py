@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 
 from quantkit.runtime.config import EngineConfig
 from quantkit.runtime.engine import LLMEngine
@@ -20,8 +20,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Outputs in prompt order. A single prompt is a str or a list of token ids."""
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 on_finished: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
+        """Outputs in prompt order. A single prompt is a str or a list of token ids. on_finished is called with
+        each request's final output as it finishes (a progress bar's update)."""
         prompts = _as_list(prompts)
         params = _params_for(prompts, sampling_params)
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
@@ -31,6 +33,8 @@ class LLM:
                 for out in self.engine.step():
                     if out.finished:
                         final[out.request_id] = out
+                        if on_finished is not None:
+                            on_finished(out)
         finally:
             for request_id in ids:
                 if request_id not in final:

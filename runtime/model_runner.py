@@ -1,5 +1,5 @@
 """ModelRunner: the only place where batch tensors are built. Loads the model, owns the paged KV cache,
-turns a scheduled batch into a ForwardContext, runs the forward and samples."""
+turns a scheduled batch into a ForwardContext, runs the forward, samples, and scores prompt tokens."""
 
 from __future__ import annotations
 
@@ -16,13 +16,18 @@ from quantkit.models import stored_dtype
 from quantkit.runtime.block_manager import NULL_BLOCK
 from quantkit.runtime.config import EngineConfig
 from quantkit.runtime.context import ForwardContext
-from quantkit.runtime.layers.sampler import sample
+from quantkit.runtime.layers import sampler
+from quantkit.runtime.layers.logprobs import token_logprobs
+from quantkit.runtime.logprobs import TokenLogprob
 from quantkit.runtime.models.loader import load_model
 from quantkit.runtime.sequence import Sequence
 
 log = logging.getLogger("quantkit.runtime")
 CPU_DEFAULT_KV_GB = 4.0  # the CPU budget when none is given: RAM is shared with everything else
 GIB = 1 << 30
+# Prompt positions scored per lm_head product: the [rows, vocab] float32 logits and log-softmax of one slice
+# stay ~100 MB each at SmolLM2's 49,152 tokens, however many positions a step scores.
+SCORED_ROWS_PER_SLICE = 512
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,14 @@ class KVCapacity:
                 f"{self.block_size} = {self.num_tokens:,} tokens "
                 f"({self.num_tokens * self.bytes_per_token / (1 << 20):,.1f} MiB); "
                 f"max concurrency at max_model_len {self.max_model_len}: {self.max_concurrency:.2f}x")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one forward gives each scheduled sequence, in batch order."""
+    tokens: list[int | None]  # the sampled token of each sequence whose tokens are all computed, else None
+    logprobs: list[TokenLogprob | None]  # the sampled token's record, where its request asked for logprobs
+    prompt_logprobs: list[list[TokenLogprob]]  # the prompt positions this step scored (empty: none)
 
 
 class ModelRunner:
@@ -144,24 +157,61 @@ class ModelRunner:
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx, last_rows
 
     @torch.inference_mode()
-    def logits(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Float32 logits at the last scheduled token of every sequence, [B, vocab]."""
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> StepOutput:
+        """One forward over the batch; see StepOutput."""
         input_ids, ctx, last_rows = self.prepare(scheduled)
         hidden = self.model(input_ids, ctx)
-        return self.model.compute_logits(hidden[last_rows]).float()
+        logits = self.model.compute_logits(hidden[last_rows]).float()
+        tokens = self.sample(scheduled, logits)
+        return StepOutput(tokens, self._sampled_logprobs(scheduled, logits, tokens),
+                          self._prompt_logprobs(scheduled, hidden))
 
-    @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> list[int | None]:
-        """One forward over the batch; a token for each sequence whose tokens are now all computed."""
-        logits = self.logits(scheduled)
+    def sample(self, scheduled: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[int | None]:
+        """From float32 logits at the last scheduled token of every sequence, [B, vocab]: a token for each
+        sequence whose tokens are now all computed, None for the others (mid-prefill chunks)."""
         done = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
         out: list[int | None] = [None] * len(scheduled)
         if done:
             seqs = [scheduled[i][0] for i in done]
-            tokens = sample(logits[done], [s.params for s in seqs], [self._generator(s) for s in seqs])
+            tokens = sampler.sample(logits[done], [s.params for s in seqs], [self._generator(s) for s in seqs])
             for i, token in zip(done, tokens):
                 out[i] = token
         return out
+
+    def _sampled_logprobs(self, scheduled: list[tuple[Sequence, int]], logits: torch.Tensor,
+                          tokens: list[int | None]) -> list[TokenLogprob | None]:
+        rows = [i for i, (token, (seq, _)) in enumerate(zip(tokens, scheduled))
+                if token is not None and seq.params.logprobs is not None]
+        out: list[TokenLogprob | None] = [None] * len(scheduled)
+        if rows:
+            records = self._token_logprobs(logits[rows], [tokens[i] for i in rows],
+                                           [scheduled[i][0].params.logprobs for i in rows])
+            for i, record in zip(rows, records):
+                out[i] = record
+        return out
+
+    def _prompt_logprobs(self, scheduled: list[tuple[Sequence, int]],
+                         hidden: torch.Tensor) -> list[list[TokenLogprob]]:
+        """Only the rows that score a prompt token pay for the lm_head and the log-softmax over the vocabulary."""
+        rows, targets, owners = scored_positions(scheduled)
+        out: list[list[TokenLogprob]] = [[] for _ in scheduled]
+        for lo in range(0, len(rows), SCORED_ROWS_PER_SLICE):
+            part = slice(lo, lo + SCORED_ROWS_PER_SLICE)
+            logits = self.model.compute_logits(hidden[rows[part]]).float()
+            records = self._token_logprobs(logits, targets[part],
+                                           [scheduled[b][0].params.prompt_logprobs for b in owners[part]])
+            for b, record in zip(owners[part], records):
+                out[b].append(record)
+        return out
+
+    def _token_logprobs(self, logits: torch.Tensor, targets: list[int], num_top: list[int]) -> list[TokenLogprob]:
+        """One record per row of logits [R, vocab]: its target's log-probability, its argmax and its num_top[r]
+        most likely tokens."""
+        chosen, argmax, top_ids, top_logprobs = token_logprobs(
+            logits, torch.tensor(targets, device=self.device), max(num_top))
+        return [TokenLogprob(token, logprob, best, tuple(zip(ids[:k], logprobs[:k])))
+                for token, k, logprob, best, ids, logprobs in zip(targets, num_top, chosen.tolist(), argmax.tolist(),
+                                                                  top_ids.tolist(), top_logprobs.tolist())]
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None or seq.params.greedy:
@@ -169,6 +219,28 @@ class ModelRunner:
         if seq.generator is None:
             seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
         return seq.generator
+
+
+def scored_positions(scheduled: list[tuple[Sequence, int]]) -> tuple[list[int], list[int], list[int]]:
+    """The rows of the flattened batch whose logits score a prompt token (the row of position p - 1 scores the
+    token at p), the tokens they score, and the batch index of each. Integers only."""
+    rows: list[int] = []
+    targets: list[int] = []
+    owners: list[int] = []
+    offset = 0
+    for b, (seq, n) in enumerate(scheduled):
+        first, start = seq.next_scored_position, seq.num_computed_tokens
+        if first is not None:
+            # Sequence.num_cacheable_tokens keeps position first - 1 out of prefix-cache hits: it is computed in
+            # this step or a later one, never skipped.
+            assert first - 1 >= start, f"request {seq.request_id}: position {first - 1} was skipped"
+            end = min(start + n + 1, seq.num_prompt_tokens)
+            if end > first:
+                rows.extend(range(offset + first - 1 - start, offset + end - 1 - start))
+                targets.extend(seq.token_ids[first:end])
+                owners.extend([b] * (end - first))
+        offset += n
+    return rows, targets, owners
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

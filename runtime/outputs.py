@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from quantkit.runtime.logprobs import TokenLogprob
 from quantkit.runtime.sequence import Sequence
 
 
@@ -43,3 +44,8 @@ class RequestOutput:
     metrics: RequestMetrics
     delta_text: str = ""  # new text since this request's previous output (streaming)
     delta_token_ids: list[int] = field(default_factory=list)
+    # With SamplingParams.logprobs: one entry per output token (token_ids).
+    logprobs: list[TokenLogprob] | None = None
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None before prompt_logprobs_from (and
+    # at position 0, which has no prefix). An aborted request's list may stop short.
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from enum import Enum, auto
 
+from quantkit.runtime.logprobs import TokenLogprob
 from quantkit.runtime.sampling_params import SamplingParams
 
 
@@ -40,6 +41,11 @@ class Sequence:
         self.prefix_offset = 0
         self.read_offset = 0
         self.generator = None  # torch.Generator of a seeded request, made by the model runner
+        self.output_logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        # Prompt log-probabilities (params.prompt_logprobs): positions prompt_logprobs_from, ... in order, filled
+        # in by the forward passes that compute the position before each.
+        self.prompt_logprobs: list[TokenLogprob] | None = None if params.prompt_logprobs is None else []
+        self.prompt_logprobs_from = min(max(params.prompt_logprobs_from, 1), self.num_prompt_tokens)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
@@ -63,10 +69,31 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    @property
+    def next_scored_position(self) -> int | None:
+        """The prompt position whose log-probability comes next; None when none is asked for or left."""
+        if self.prompt_logprobs is None:
+            return None
+        position = self.prompt_logprobs_from + len(self.prompt_logprobs)
+        return position if position < self.num_prompt_tokens else None
+
+    @property
+    def num_cacheable_tokens(self) -> int:
+        """Leading tokens whose K/V may come from the prefix cache instead of a forward. Never the last token:
+        its logits pick the next one. While prompt log-probabilities are pending, not the position before the
+        next scored token either: a cache hit skips that position's forward, so its logits would never exist.
+        Capping the hit there (rather than turning prefix caching off for these requests) keeps the reuse that
+        matters for scoring: a multiple-choice question's answers share the question, computed once."""
+        limit = self.num_tokens - 1
+        pending = self.next_scored_position
+        return limit if pending is None else min(limit, pending - 1)
+
     def block_tokens(self, index: int, block_size: int) -> list[int]:
         return self.token_ids[index * block_size:(index + 1) * block_size]
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
         self.token_ids.append(token_id)
+        if self.output_logprobs is not None:
+            self.output_logprobs.append(logprob)
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()

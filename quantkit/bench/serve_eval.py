@@ -3,9 +3,9 @@ pointed at `quantkit serve`, against the same task through quantkit's in-process
 transformers model), item by item.
 
 Both sides see the same task files, prompts and greedy decoding; what differs is the engine (paged KV,
-continuous batching, our kernels) and the HTTP path. Only generate_until tasks qualify: lm-eval's
-loglikelihood requests over the API need prompt logprobs (echo + logprobs), which the server does not
-return.
+continuous batching, our kernels) and the HTTP path. Only generate_until tasks run here: the prompts go
+as text, and a loglikelihood request's context / continuation split is only exact with token ids
+(the server's echo + logprobs serve those: tests/runtime/server/test_completion_logprobs.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def run(model: str = "smollm2-135m", task: str = "meeting_owner_gen", limit: int
     path = _task_file(task)
     if yaml.safe_load(path.read_text()).get("output_type") != "generate_until":
         raise QuantkitError(f"task '{task}' is not a generate_until task",
-                            hint="loglikelihood tasks need prompt logprobs, which the server does not return")
+                            hint="this bench compares generations; score loglikelihood tasks with "
+                                 "quantkit.eval.runtime_lm.RuntimeLM")
     go_offline()
     torch.set_num_threads(threads)
     model_dir = resolve_model(model)

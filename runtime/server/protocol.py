@@ -1,8 +1,9 @@
 """OpenAI request bodies as pydantic models, and OpenAI's error JSON.
 
 Fields OpenAI clients send that change nothing here (user, presence_penalty at 0, ...) are ignored;
-fields that would change the answer and are not supported (n > 1, logprobs, echo) are refused with 400
-instead of being silently dropped.
+fields that would change the answer and are not supported (n > 1, chat logprobs, streamed echo or logprobs)
+are refused with 400 instead of being silently dropped. Completions take echo + logprobs + max_tokens 0, the
+legacy way to score a prompt (lm-eval's local-completions loglikelihood).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ class SamplingRequest(BaseModel):
     def _supported(self):
         if self.n != 1:
             raise ValueError("n must be 1 (several choices per request are not supported)")
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported")
         if self.stream_options is not None and not self.stream:
@@ -57,16 +56,21 @@ class SamplingRequest(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
+MAX_LOGPROBS = 20  # vLLM's default cap on alternatives per token
+
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion, in text and (with logprobs) in logprobs
+    max_tokens: int | None = Field(None, ge=0)  # 0: nothing generated, only with echo (serving checks)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token, besides the token
 
     @model_validator(mode="after")
     def _prompt(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be empty")
+        if self.stream and (self.echo or self.logprobs is not None):
+            raise ValueError("echo and logprobs are not supported with stream=true")
         return self
 
     @property
@@ -99,6 +103,12 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _no_logprobs(self):
+        if self.logprobs not in (None, False):
+            raise ValueError("logprobs are not supported for chat completions (use /v1/completions)")
+        return self
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -44,6 +44,10 @@ class Call:
     submissions: list[Submission]
     stream: bool
     include_usage: bool
+    echo: list[str] | None = None  # completions with echo: each prompt's text, put before its completion
+    logprobs: int | None = None  # completions: alternatives per token in each choice's logprobs
+    # max_tokens 0 (with echo): the engine samples one token after any prompt; it is dropped from the answer.
+    prompt_only: bool = False
 
 
 class OpenAIServing:
@@ -57,8 +61,16 @@ class OpenAIServing:
     # --- building the call ---
     def completion_call(self, req: CompletionRequest) -> Call:
         self._check_model(req)
+        if req.max_tokens == 0 and not req.echo:
+            raise BadRequest("max_tokens must be >= 1 (0 only with echo, to score the prompt)", "max_tokens")
         prompts = [self._encode(p) if isinstance(p, str) else self._checked_ids(p) for p in req.prompts]
-        return self._call(req, prompts, "prompt", req.max_tokens, chat=False)
+        prompt_only = req.max_tokens == 0
+        scoring = {}
+        if req.logprobs is not None:
+            scoring = dict(logprobs=req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
+        call = self._call(req, prompts, "prompt", 1 if prompt_only else req.max_tokens, chat=False, **scoring)
+        echo = [p if isinstance(p, str) else self.tokenizer.decode(p) for p in req.prompts] if req.echo else None
+        return replace(call, echo=echo, logprobs=req.logprobs, prompt_only=prompt_only)
 
     def chat_call(self, req: ChatCompletionRequest) -> Call:
         self._check_model(req)
@@ -86,7 +98,7 @@ class OpenAIServing:
         return list(ids)
 
     def _call(self, req: SamplingRequest, prompts: list[list[int]], param: str, max_tokens: int | None,
-              chat: bool) -> Call:
+              chat: bool, **scoring) -> Call:
         submissions = []
         prefix = "chatcmpl" if chat else "cmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -95,7 +107,7 @@ class OpenAIServing:
             try:
                 params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                                         max_tokens=tokens, stop=req.stop_list, stop_token_ids=req.stop_token_ids,
-                                        ignore_eos=req.ignore_eos)
+                                        ignore_eos=req.ignore_eos, **scoring)
             except QuantkitError as exc:
                 raise BadRequest(str(exc)) from exc
             submissions.append(Submission(f"{response_id}-{index}", ids, params))
@@ -164,10 +176,42 @@ class OpenAIServing:
                 pending.discard(ev.request_id)
                 final[ev.request_id] = ev
         outs = [final[s.request_id] for s in call.submissions]
-        choices = [_choice(call.chat, i, out.text, out.finish_reason) for i, out in enumerate(outs)]
+        if call.chat:
+            choices = [_choice(True, i, out.text, out.finish_reason) for i, out in enumerate(outs)]
+        else:
+            choices = [self._completion_choice(call, i, out) for i, out in enumerate(outs)]
         body = _envelope(call, self.model_name, choices, final=True)
-        body["usage"] = _usage(outs)
+        body["usage"] = _usage(outs, call.prompt_only)
         return JSONResponse(body)
+
+    def _completion_choice(self, call: Call, index: int, out: RequestOutput) -> dict:
+        """text: echoed prompt + completion; logprobs in the legacy completions shape (vLLM's): per token its
+        text, its logprob (None for the first prompt token, which has no prefix), its top alternatives plus
+        itself, and its character offset."""
+        token_ids, records = [], []
+        if call.echo is not None:
+            token_ids += out.prompt_token_ids
+            records += out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+        if not call.prompt_only:
+            token_ids += out.token_ids
+            records += out.logprobs or [None] * len(out.token_ids)
+        text = "" if call.prompt_only else out.text
+        choice = _choice(False, index, (call.echo[index] if call.echo is not None else "") + text,
+                         "length" if call.prompt_only else out.finish_reason)
+        if call.logprobs is not None:
+            choice["logprobs"] = self._legacy_logprobs(token_ids, records)
+        return choice
+
+    def _legacy_logprobs(self, token_ids: list[int], records: list) -> dict:
+        tokens = [self.tokenizer.decode([t]) for t in token_ids]
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        top = [None if r is None else {self.tokenizer.decode([t]): lp for t, lp in (*r.top, (r.token_id, r.logprob))}
+               for r in records]
+        return {"tokens": tokens, "token_logprobs": [None if r is None else r.logprob for r in records],
+                "top_logprobs": top, "text_offset": offsets}
 
     async def _stream(self, call: Call, events: asyncio.Queue, pending: set[str]) -> AsyncIterator[str]:
         index = {s.request_id: i for i, s in enumerate(call.submissions)}
@@ -251,9 +295,9 @@ def _delta_choice(chat: bool, index: int, text: str, reason: str | None, role: b
     return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
 
 
-def _usage(outs: list[RequestOutput]) -> dict:
+def _usage(outs: list[RequestOutput], prompt_only: bool = False) -> dict:
     prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(o.token_ids) for o in outs)
+    completion = 0 if prompt_only else sum(len(o.token_ids) for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

@@ -64,18 +64,17 @@ def first_token_logits(llm, prompts: list[list[int]]) -> list[torch.Tensor]:
     from quantkit.runtime import SamplingParams
 
     runner, recorded = llm.engine.runner, {}
-    original = runner.logits
+    original = runner.sample
 
-    def logits(scheduled):
-        out = original(scheduled)
-        for (seq, n), row in zip(scheduled, out):
+    def sample(scheduled, logits):
+        for (seq, n), row in zip(scheduled, logits):
             if seq.num_computed_tokens + n == seq.num_tokens and seq.num_output_tokens == 0:
                 recorded[seq.request_id] = row.clone()
-        return out
+        return original(scheduled, logits)
 
-    runner.logits = logits
+    runner.sample = sample
     try:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1))
     finally:
-        runner.logits = original
+        runner.sample = original
     return [recorded[o.request_id] for o in outs]

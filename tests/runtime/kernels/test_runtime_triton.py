@@ -30,14 +30,13 @@ def count_calls(monkeypatch, module, name: str) -> list:
 def record_logits(llm) -> list[torch.Tensor]:
     """The logits of every engine step (greedy tokens of a tiny random model hardly move with attention)."""
     runner, steps = llm.engine.runner, []
-    original = runner.logits
+    original = runner.sample
 
-    def logits(scheduled):
-        out = original(scheduled)
-        steps.append(out.clone())
-        return out
+    def sample(scheduled, logits):
+        steps.append(logits.clone())
+        return original(scheduled, logits)
 
-    runner.logits = logits
+    runner.sample = sample
     return steps
 
 

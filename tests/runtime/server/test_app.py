@@ -18,7 +18,7 @@ from tests.runtime.server.conftest import client, wait_idle
     ({"prompt": "hi", "temperature": -1}, "temperature"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "hi", "n": 2}, None),
-    ({"prompt": "hi", "logprobs": 3}, None),
+    ({"prompt": "hi", "logprobs": 3, "stream": True}, None),  # streamed logprobs are not supported
     ({"prompt": []}, None),
     ({"prompt": [1, 2, 10 ** 6]}, "prompt"),  # a token id outside the vocabulary
     ({"prompt": [[1, 2], [-1]]}, "prompt"),
