@@ -218,6 +218,8 @@ def eval_(
     batch_size: int = typer.Option(8, help="lm-eval batch size."),
     task_dtype: str = typer.Option("auto", help="Task scoring dtype for both models: auto (bfloat16 where the CPU "
                                                 "multiplies it natively, else float32), float32 or bfloat16."),
+    engine: str = typer.Option("transformers", help="Task scoring: transformers (HFLM, dequantized weights) or "
+                                                    "runtime (quantkit.runtime's kernels, as served)."),
     limit: Optional[int] = typer.Option(None, help="At most N sequences per dataset, samples and task items."),
     cache: bool = typer.Option(True, help="Reuse the baseline's cached results for this model and suite."),
     overwrite: bool = typer.Option(False, help="Replace --report if it exists."),
@@ -228,7 +230,7 @@ def eval_(
 
     preset = "quick" if quick else "default"
     opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite or preset, gates=gate or preset,
-                       device=device, batch_size=batch_size, task_dtype=task_dtype, limit=limit, use_cache=cache,
+                       device=device, batch_size=batch_size, task_dtype=task_dtype, engine=engine, limit=limit, use_cache=cache,
                        overwrite=overwrite)
     with _phase_progress() as on_phase:
         result = run_eval(opts, on_phase)

@@ -24,6 +24,9 @@ from quantkit.eval.power import check_task_margin
 from quantkit.eval.suite import Gates, Suite, load_gates, load_suite, suite_hash, task_configs
 from quantkit.outdir import atomic_output_dir, check_output_dir
 
+# The runtime engine's KV budget when it scores tasks: 64 sequences of a few hundred tokens, far below the
+# engine's default share of free memory, which the loaded models already use.
+RUNTIME_KV_GB = 1.0
 # on_phase(description, total) -> step(): advances that phase by one unit.
 PhaseCallback = Callable[[str, int], Callable[[], None]]
 
@@ -41,6 +44,9 @@ class EvalOptions:
     # about 4x float32 on SmolLM2), float32 elsewhere. Both models are scored in the same dtype, item by item,
     # so the paired drop compares like with like; token and layer metrics always run in float32.
     task_dtype: str = "auto"
+    # Who scores the tasks: "transformers" (HFLM on the dequantized model) or "runtime" (quantkit.runtime's
+    # loader, INT4/FP8 kernels and paged KV cache: the numbers the checkpoint will be served with).
+    engine: str = "transformers"
     limit: int | None = None
     use_cache: bool = True
     overwrite: bool = False
@@ -67,6 +73,8 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
     check_output_dir(opts.report, opts.overwrite)
     if opts.task_dtype not in ("auto", "float32", "bfloat16"):
         raise QuantkitError(f"--task-dtype {opts.task_dtype!r}: expected auto, float32 or bfloat16")
+    if opts.engine not in ("transformers", "runtime"):
+        raise QuantkitError(f"--engine {opts.engine!r}: expected transformers or runtime")
     if opts.limit is not None and opts.limit < 1:
         raise QuantkitError(f"--limit must be at least 1, not {opts.limit}")
     base_path, cand_path = resolve_model(opts.baseline), resolve_model(opts.candidate)
@@ -80,7 +88,7 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
         task_dtype = resolve_compute_dtype(opts.task_dtype)
         # The dtype and the thread count change the low bits of every product (bfloat16 on 1 and 2 threads
         # scores 1 of 120 arc_easy items differently): a baseline is reused only where both match.
-        computed_with = f"{opts.device}/{_short(task_dtype)}/{torch.get_num_threads()} threads"
+        computed_with = f"{opts.device}/{_short(task_dtype)}/{torch.get_num_threads()} threads/{opts.engine}"
         keys = (baseline_cache.model_hash(base_path), suite_hash(suite, data_files, opts.limit, computed_with))
         cached = baseline_cache.load(*keys) if opts.use_cache else None
         baseline = cached or _measure_baseline(plan, base_path, tokenizer, opts, on_phase)
@@ -97,7 +105,7 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
         "suite": {"name": suite.name, "path": str(suite_path), "hash": keys[1]},
         "gates": {"name": gates.name, "path": str(gates_path)},
         "limit": opts.limit, "device": opts.device, "task_dtype": _short(task_dtype),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "engine": opts.engine,
         "baseline_cached": cached is not None,
         "confidence": bootstrap.confidence, "resamples": bootstrap.resamples, "seed": bootstrap.seed,
         "sample_sizes": _sample_sizes(plan, baseline),
@@ -174,8 +182,7 @@ def _measure_baseline(plan: _Plan, path: Path, tokenizer, opts: EvalOptions, on_
                                                  on_phase("baseline layers", len(plan.layer_samples)))
     if plan.tasks.specs:
         step = on_phase(f"baseline tasks ({len(plan.tasks.specs)})", 1)
-        out.tasks = plan.tasks.run(model.to(resolve_compute_dtype(opts.task_dtype)), tokenizer, opts.limit,
-                                   opts.batch_size)
+        out.tasks = _score_tasks(plan, model, path, tokenizer, opts)
         step()
     return out
 
@@ -200,12 +207,21 @@ def _compare(plan: _Plan, baseline: BaselineResults, path: Path, tokenizer, opts
         layers = {"sqnr_db": comparison.sqnr_db().tolist(), "attention_js": comparison.attention_shift().tolist()}
     if plan.tasks.specs:
         step = on_phase(f"candidate tasks ({len(plan.tasks.specs)})", 1)
-        scores = plan.tasks.run(model.to(resolve_compute_dtype(opts.task_dtype)), tokenizer, opts.limit,
-                                opts.batch_size)
+        scores = _score_tasks(plan, model, path, tokenizer, opts)
         step()
         measurements += task_metrics.measurements(baseline.tasks, scores, bootstrap, plan.suite.task_power)
     kl = np.concatenate([p.kl for p in parts]) if parts else np.zeros(0)
     return EvalResult({}, measurements, [], layers, kl)
+
+
+def _score_tasks(plan: _Plan, model, path: Path, tokenizer, opts: EvalOptions) -> dict:
+    dtype = resolve_compute_dtype(opts.task_dtype)
+    if opts.engine == "runtime":
+        from quantkit.eval.runtime_lm import RuntimeLM
+
+        lm = RuntimeLM(path, dtype=_short(dtype), device=opts.device, kv_cache_memory_gb=RUNTIME_KV_GB)
+        return plan.tasks.run_lm(lm, opts.limit)
+    return plan.tasks.run(model.to(dtype), tokenizer, opts.limit, opts.batch_size)
 
 
 def _short(dtype) -> str:

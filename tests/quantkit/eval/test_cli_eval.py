@@ -104,3 +104,17 @@ def test_a_task_margin_finer_than_the_items_resolve_is_refused(tiny_model, setup
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "'accuracy_drop_points.max': 5 points is finer than task 'tiny_mc' resolves with 4 items" in err
     assert "it needs 471 items" in err and not (tmp_path / "r").exists()
+
+
+def test_runtime_engine_scores_the_tasks_as_the_transformers_path(tiny_model, setup, tmp_path, run_cli):
+    suite, gate = setup
+    reports = {}
+    for engine in ("transformers", "runtime"):
+        code, _, err = run_cli("eval", "--baseline", tiny_model, "--candidate", tiny_model, "--suite", suite,
+                               "--gate", gate, "--engine", engine, "--task-dtype", "float32",
+                               "--report", tmp_path / engine)
+        assert code == 0, err
+        reports[engine] = json.loads((tmp_path / engine / "report.json").read_text())
+    assert reports["runtime"]["engine"] == "runtime" and not reports["runtime"]["baseline_cached"]
+    task = {e: next(m for m in r["measurements"] if m["metric"] == "accuracy_drop_points") for e, r in reports.items()}
+    assert task["runtime"]["baseline"] == task["transformers"]["baseline"] and task["runtime"]["value"] == 0
