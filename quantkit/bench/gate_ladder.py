@@ -35,6 +35,7 @@ BUILD_RECORD = "gate-candidate.json"  # written last: a candidate directory that
 POOLED = "all"  # the scope of token metrics pooled over every dataset (report.json's schema)
 TASK_METRICS = ("accuracy_drop_points",)
 LAYER_METRICS = ("attention_shift_max", "layer_sqnr_min_db")
+MAX_LISTED = 3  # failed gates named per kind in the table
 COLUMNS = ("candidate", "ppl +%", "KL mean", "top-1 agree", "worst task drop pts (CI high)", "gates failed",
            "failed gates", "result", "build s", "eval s")
 
@@ -301,9 +302,14 @@ def table_cells(row: LadderRow) -> list[str]:
     skipped = f" ({row.gates_skipped} skipped)" if row.gates_skipped else ""
     return [row.candidate, _number(row.perplexity_increase_pct, "+.2f"), _number(row.kl_mean, ".4f"),
             _number(row.top1_agreement, ".3f"), _task_cell(row), f"{failed}/{row.gates_compared}{skipped}",
-            "; ".join(f"{kind}: {', '.join(labels)}" for kind, labels in row.failed.items()) or "-",
+            "; ".join(_failed_cell(kind, labels) for kind, labels in row.failed.items()) or "-",
             "PASS" if row.passed else "FAIL",
             f"{row.build_seconds:.1f}" + (" (reused)" if row.reused else ""), _number(row.eval_seconds, ".0f")]
+
+
+def _failed_cell(kind: str, labels: list[str]) -> str:
+    """Up to MAX_LISTED gates by name; more as a count (gate-ladder.json lists them all)."""
+    return f"{kind}: {', '.join(labels)}" if len(labels) <= MAX_LISTED else f"{kind}: {len(labels)} gates"
 
 
 def _task_cell(row: LadderRow) -> str:
