@@ -317,7 +317,7 @@ def bench_serve_load(
 @bench_app.command("serve-eval", epilog="Example: quantkit bench serve-eval --task meeting_owner_gen --limit 40")
 def bench_serve_eval(
     model: str = typer.Option("smollm2-135m"),
-    task: str = typer.Option("meeting_owner_gen", help="A shipped generate_until task."),
+    task: str = typer.Option("meeting_owner_gen", help="A benchmark (arc_easy, piqa, ...) or a shipped task."),
     limit: Optional[int] = typer.Option(None, help="Items to evaluate (default: all)."),
     num_concurrent: int = typer.Option(8, help="Requests lm-eval keeps in flight."),
     threads: int = typer.Option(1, help="torch threads."),

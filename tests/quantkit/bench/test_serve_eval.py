@@ -23,10 +23,16 @@ def test_local_completions_against_the_server(long_tiny):
     assert result.items_that_agree == 3 and result.server_accuracy == result.in_process_accuracy
 
 
-def test_loglikelihood_tasks_are_refused_with_the_reason(long_tiny):
+def test_multiple_choice_through_the_server_scores_as_in_process(long_tiny):
     from quantkit.bench.serve_eval import run
 
-    with pytest.raises(QuantkitError, match="prompt logprobs"):
-        run(str(long_tiny), "support_intent_mc", limit=1)
-    with pytest.raises(QuantkitError, match="not shipped"):
-        run(str(long_tiny), "no_such_task", limit=1)
+    result = run(str(long_tiny), "support_intent_mc", limit=3, num_concurrent=2, max_model_len=1024)
+    assert result.items == 3 and result.metric == "acc"
+    assert result.items_that_agree == 3 and result.server_accuracy == result.in_process_accuracy
+
+
+def test_unknown_task_is_refused():
+    from quantkit.bench.serve_eval import run
+
+    with pytest.raises(QuantkitError, match="neither a benchmark nor shipped"):
+        run("smollm2-135m", "no_such_task", limit=1)
