@@ -246,7 +246,10 @@ def eval_(
     console.print(f"{result.header['sample_sizes']}; baseline {'cached' if result.header['baseline_cached'] else 'measured'}; "
                   f"{result.header['wall_seconds']:.0f} s. Report in {report}", highlight=False, soft_wrap=True)
     if failed:
-        console.print(f"[bold red]FAIL[/]: {', '.join(f'{g.metric}[{g.scope}]' for g in failed)}")
+        from rich.markup import escape
+
+        # escaped: rich would read "[customer_service_zh:eval]" as a style tag and drop it
+        console.print(f"[bold red]FAIL[/]: {escape(', '.join(f'{g.metric}[{g.scope}]' for g in failed))}")
         raise typer.Exit(1)
     console.print("[bold green]PASS[/]: every gate")
 

@@ -61,7 +61,7 @@ def test_perturbed_model_fails_the_token_and_layer_gates(tiny_model, perturbed_m
     assert "accuracy_drop_points" not in failed  # 4 items: the interval cannot establish a 50-point drop
     cases = ET.parse(tmp_path / "r" / "junit.xml").getroot().findall(".//testcase")
     assert {c.get("name").split("[")[0] for c in cases if c.find("failure") is not None} == failed
-    assert "FAIL" in out
+    assert "FAIL" in out and "kl_mean[all]" in out  # the scope survives rich markup
 
 
 def test_different_tokenizer_is_refused(tiny_model, setup, tmp_path, run_cli, capsys):
