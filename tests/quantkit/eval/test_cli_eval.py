@@ -118,3 +118,14 @@ def test_runtime_engine_scores_the_tasks_as_the_transformers_path(tiny_model, se
     assert reports["runtime"]["engine"] == "runtime" and not reports["runtime"]["baseline_cached"]
     task = {e: next(m for m in r["measurements"] if m["metric"] == "accuracy_drop_points") for e, r in reports.items()}
     assert task["runtime"]["baseline"] == task["transformers"]["baseline"] and task["runtime"]["value"] == 0
+
+
+@pytest.mark.parametrize("option, value, expected", [("--task-dtype", "float16", "--task-dtype 'float16'"),
+                                                      ("--engine", "vllm", "--engine 'vllm'")])
+def test_unknown_task_dtype_or_engine_is_one_line_exit_2(tiny_model, setup, tmp_path, run_cli, option, value,
+                                                          expected):
+    suite, gate = setup
+    code, _, err = run_cli("eval", "--baseline", tiny_model, "--candidate", tiny_model, "--suite", suite,
+                           "--gate", gate, option, value, "--report", tmp_path / "r")
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
