@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,9 +209,7 @@ def _gold_answer(sample: dict) -> str | None:
 
 
 def _stable_hash(name: str) -> int:
-    import zlib
-
-    return zlib.crc32(name.encode())
+    return zlib.crc32(name.encode())  # Python's hash() of a str changes between processes
 
 
 def _quiet_lm_eval() -> None:
