@@ -229,9 +229,9 @@ def eval_(
     from quantkit.eval.run import EvalOptions, run_eval
 
     preset = "quick" if quick else "default"
-    opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite or preset, gates=gate or preset,
-                       device=device, batch_size=batch_size, task_dtype=task_dtype, engine=engine, limit=limit, use_cache=cache,
-                       overwrite=overwrite)
+    opts = EvalOptions(baseline=baseline, candidate=candidate, report=report, suite=suite or preset,
+                       gates=gate or preset, device=device, batch_size=batch_size, task_dtype=task_dtype,
+                       engine=engine, limit=limit, use_cache=cache, overwrite=overwrite)
     with _phase_progress() as on_phase:
         result = run_eval(opts, on_phase)
     table = Table(title=f"{candidate} vs {baseline} (sample sizes in {report / 'report.md'})")

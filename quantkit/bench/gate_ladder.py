@@ -25,6 +25,7 @@ import torch
 
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize
 from quantkit.errors import QuantkitError
+from quantkit.eval.gates import POOLED, TOKEN_METRICS
 from quantkit.outdir import atomic_output_dir
 
 GROUP_SIZE = 64  # fits every SmolLM2 linear (576 and 1536 inputs); 128 does not
@@ -32,9 +33,7 @@ GROUP_SIZE = 64  # fits every SmolLM2 linear (576 and 1536 inputs); 128 does not
 # (same sampler and seed) without collecting the statistics GPTQ does not read.
 CALIB_DATASET, CALIB_SAMPLES, CALIB_SEQ_LEN = "support_chat_en", 32, 512
 BUILD_RECORD = "gate-candidate.json"  # written last: a candidate directory that holds it is complete
-POOLED = "all"  # the scope of token metrics pooled over every dataset (report.json's schema)
 TASK_METRICS = ("accuracy_drop_points",)
-LAYER_METRICS = ("attention_shift_max", "layer_sqnr_min_db")
 MAX_LISTED = 3  # failed gates named per kind in the table
 COLUMNS = ("candidate", "ppl +%", "KL mean", "top-1 agree", "worst task drop pts (CI high)", "gates failed",
            "failed gates", "result", "build s", "eval s")
@@ -270,9 +269,9 @@ def _pooled(result, metric: str) -> float | None:
 
 
 def gate_kind(metric: str) -> str:
-    if metric in TASK_METRICS:
-        return "task"
-    return "layer" if metric in LAYER_METRICS else "token"
+    if metric in TOKEN_METRICS:
+        return "token"
+    return "task" if metric in TASK_METRICS else "layer"
 
 
 def failed_gates(gates) -> dict[str, list[str]]:

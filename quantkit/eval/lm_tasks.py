@@ -63,7 +63,7 @@ class TaskScores:
     """One model's per-item scores on one task, with what the task's chance level is on those items."""
     scores: dict[int, float]  # doc id -> the task's metric
     chance: float | None = None  # expected score of a uniform guess (mean of 1 / choices); None: not MC
-    majority: float | None = None  # share of the most common gold answer position, where gold is an index
+    majority: float | None = None  # share of the most common gold answer text; None: not known
 
     def to_json(self) -> dict:
         return {"scores": self.scores, "chance": self.chance, "majority": self.majority}

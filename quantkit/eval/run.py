@@ -57,6 +57,7 @@ class _Plan:
     suite: Suite
     suite_path: Path
     tasks: lm_tasks.TaskRunner
+    task_dtype: torch.dtype  # resolved from EvalOptions.task_dtype
     token_sequences: dict[str, list[list[int]]] = field(default_factory=dict)
     layer_samples: list[list[int]] = field(default_factory=list)
 
@@ -80,12 +81,12 @@ def run_eval(opts: EvalOptions, on_phase: PhaseCallback | None = None) -> EvalRe
     base_path, cand_path = resolve_model(opts.baseline), resolve_model(opts.candidate)
     tokenizer = load_tokenizer(base_path)
     check_same_tokenizer(tokenizer, cand_path, opts.candidate, opts.baseline)
-    plan = _Plan(suite, suite_path, lm_tasks.TaskRunner(tasks, suite.bootstrap.seed))
+    task_dtype = resolve_compute_dtype(opts.task_dtype)
+    plan = _Plan(suite, suite_path, lm_tasks.TaskRunner(tasks, suite.bootstrap.seed), task_dtype)
     try:
         _prepare(plan, tokenizer, opts.limit)
         _check_task_power(plan, gates, gates_path, opts.limit)
         data_files = [f for spec in plan.tasks.specs for f in spec.sources]
-        task_dtype = resolve_compute_dtype(opts.task_dtype)
         # The dtype and the thread count change the low bits of every product (bfloat16 on 1 and 2 threads
         # scores 1 of 120 arc_easy items differently): a baseline is reused only where both match.
         computed_with = f"{opts.device}/{_short(task_dtype)}/{torch.get_num_threads()} threads/{opts.engine}"
@@ -215,13 +216,12 @@ def _compare(plan: _Plan, baseline: BaselineResults, path: Path, tokenizer, opts
 
 
 def _score_tasks(plan: _Plan, model, path: Path, tokenizer, opts: EvalOptions) -> dict:
-    dtype = resolve_compute_dtype(opts.task_dtype)
     if opts.engine == "runtime":
         from quantkit.eval.runtime_lm import RuntimeLM
 
-        lm = RuntimeLM(path, dtype=_short(dtype), device=opts.device, kv_cache_memory_gb=RUNTIME_KV_GB)
+        lm = RuntimeLM(path, dtype=_short(plan.task_dtype), device=opts.device, kv_cache_memory_gb=RUNTIME_KV_GB)
         return plan.tasks.run_lm(lm, opts.limit)
-    return plan.tasks.run(model.to(dtype), tokenizer, opts.limit, opts.batch_size)
+    return plan.tasks.run(model.to(plan.task_dtype), tokenizer, opts.limit, opts.batch_size)
 
 
 def _short(dtype) -> str:
