@@ -20,9 +20,10 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantkit.algorithms.gptq import resolve_compute_dtype
 from quantkit.algorithms.rtn import WeightScheme
 from quantkit.errors import QuantkitError
+from quantkit.formats.scheme import CheckpointScheme
+from quantkit.quantize.methods import METHODS, QuantMethod
 from quantkit.yaml_files import load_yaml_model
 
 
@@ -48,87 +49,8 @@ class WeightsSpec(_Strict):
                             scale_dtype=scale_dtype)
 
 
-class RTNMethod(_Strict):
-    method: Literal["rtn"]
-
-
-class ComputeDtypes(_Strict):
-    """What a calibrating method multiplies in."""
-    # the Hessian products: "auto" takes bfloat16 where the CPU multiplies it natively (see
-    # algorithms.gptq.resolve_compute_dtype); "float32" gives the same bytes on every machine that runs the
-    # same BLAS code path
-    hessian_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # the layer's own linears and attention while calibrating (their outputs are the next stage's inputs):
-    # "auto" as hessian_dtype. Results and the residual stream stay float32; see quantize.staged.StagedLayer
-    forward_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-
-    def hessian_torch_dtype(self) -> torch.dtype:
-        """What hessian_dtype resolves to on this machine."""
-        return resolve_compute_dtype(self.hessian_dtype)
-
-    def forward_torch_dtype(self) -> torch.dtype:
-        """What forward_dtype resolves to on this machine."""
-        return resolve_compute_dtype(self.forward_dtype)
-
-
-class AWQMethod(ComputeDtypes):
-    method: Literal["awq"]
-    duo_scaling: bool = True
-    clip: bool = True
-    n_grid: int = Field(20, ge=2)
-    # the clip search also shrinks each group's min and max by separate steps (asymmetric weights only)
-    clip_independent: bool = False
-    # after the clip search and rounding, sweeps of coordinate descent over the codes on each linear's scaled
-    # output error, group scales held (see algorithms.gptq.coordinate_descent); 0 = off. It has a damping of
-    # its own: lightly damped, it over-fits the calibration text (docs/quantization-experiments.md, AWQ)
-    coordinate_descent: int = Field(0, ge=0)
-    descent_dampening: float = Field(1.0, gt=0, le=100)
-    # the descent weighs tokens as GPTQ does: v_proj per KV head by the attention each token receives,
-    # o_proj / down_proj by 1 / rms^2 of the residual stream they feed (the scale and clip searches do not)
-    descent_weighted: bool = False
-
-
-class GPTQMethod(ComputeDtypes):
-    method: Literal["gptq"]
-    block_size: int = Field(128, ge=1)
-    dampening: float = Field(0.01, gt=0, le=1)
-    act_order: bool = False
-    mse: bool = False  # search each group's range for the least rounding error instead of min/max
-    # How far each linear's target moves from its own output on the quantized model's inputs (0) to the
-    # full-precision model's output (1): the error earlier quantized layers left in the input is then
-    # corrected too (asymmetric calibration, as GPTAQ). A full fit over-fits the calibration tokens.
-    fp_targets: float = Field(0.0, ge=0, le=1)
-    # how many calibration samples (evenly spaced) the full-precision stream runs on for fp_targets; 0 = all.
-    # The correction is estimated from them and applied to every linear fitted on all samples.
-    fp_target_samples: int = Field(0, ge=0)
-    # o_proj / down_proj errors count relative to the residual stream they are added to (see
-    # quantize.staged.residual_token_weights)
-    residual_weighted: bool = False
-    # after GPTQ, re-solve each row's group scales for its final codes (see algorithms.gptq.refit_scales)
-    refit_scales: bool = False
-    # after GPTQ (and refit_scales), sweeps of coordinate descent over the codes on the same output error
-    # (see algorithms.gptq.coordinate_descent); 0 = off
-    coordinate_descent: int = Field(0, ge=0)
-    # the descent's damping (None: GPTQ's). Heavier than GPTQ's it keeps the codes nearer the weight, which
-    # generalizes past the calibration text better (docs/quantization-experiments.md, GPTQ)
-    descent_dampening: float | None = Field(None, gt=0, le=100)
-
-    @model_validator(mode="after")
-    def _fp_target_samples(self) -> GPTQMethod:
-        if self.fp_target_samples and not self.fp_targets:
-            raise ValueError("fp_target_samples sets how many samples fp_targets runs the full-precision stream on: "
-                             "set fp_targets above 0 too, or drop fp_target_samples")
-        return self
-
-
-class FP8Method(_Strict):
-    """float8_e4m3fn weights per output channel; activations per token at run time (dynamic) or with
-    per-tensor scales from calibration (static). The weights section must say bits 8, symmetric, -1."""
-    method: Literal["fp8"]
-    activations: Literal["dynamic", "static"] = "dynamic"
-
-
-Method = Annotated[Union[RTNMethod, AWQMethod, GPTQMethod, FP8Method], Field(discriminator="method")]
+# The recipe's ``quantization:`` section: one options class per registered method, told apart by ``method``.
+Method = Annotated[Union[tuple(m.options_class for m in METHODS.values())], Field(discriminator="method")]
 
 
 class KVCacheScheme(_Strict):
@@ -149,28 +71,27 @@ class Recipe(_Strict):
     kv_cache_scheme: KVCacheScheme | None = None
 
     @model_validator(mode="after")
-    def _fp8_weights(self) -> Recipe:
-        w = self.weights
-        if self.quantization.method == "fp8" and (w.bits, w.group_size, w.symmetric) != (8, -1, True):
-            raise ValueError("method fp8 quantizes weights per output channel: "
-                             "set weights to {bits: 8, group_size: -1, symmetric: true}")
+    def _method_weights(self) -> Recipe:
+        self.method_class.check_weights(self.weights)
         return self
+
+    @property
+    def method_class(self) -> type[QuantMethod]:
+        return METHODS[self.quantization.method]
 
     @property
     def needs_calibration(self) -> bool:
         """Whether quantizing with this recipe needs activations (KV-cache scales always do)."""
-        method = self.quantization
-        data = method.method in ("awq", "gptq") or (method.method == "fp8" and method.activations == "static")
-        return data or self.kv_cache_scheme is not None
+        return self.method_class.needs_calibration(self.quantization) or self.kv_cache_scheme is not None
+
+    @property
+    def checkpoint_scheme(self) -> CheckpointScheme:
+        return self.method_class.checkpoint_scheme(self)
 
     @property
     def weights_label(self) -> str:
         """The weight scheme in a few characters, e.g. "int4 g64 asym" or "fp8 channel"."""
-        w = self.weights
-        if self.quantization.method == "fp8":
-            return "fp8 channel"
-        group = "channel" if w.group_size == -1 else f"g{w.group_size}"
-        return f"int{w.bits} {group} {'sym' if w.symmetric else 'asym'}"
+        return self.checkpoint_scheme.label
 
     def is_quantized(self, module_name: str) -> bool:
         """Targets and ignore entries are exact module names, name suffixes, or "re:<regex>" patterns;

@@ -34,20 +34,6 @@ BLOCK_ROWS = {torch.float32: 128, torch.bfloat16: 192}
 STACKED_ROWS = 2048
 
 
-def resolve_compute_dtype(choice: str) -> torch.dtype:
-    """A recipe's ``hessian_dtype`` or ``forward_dtype``: "auto" is bfloat16 where the CPU multiplies it natively (AMX, or
-    AVX-512 BF16 as on AMD Zen 4 and 5: 2.5-3.5x float32's speed on the Hessians), float32 elsewhere
-    (bfloat16 would be emulated, and slower)."""
-    if choice == "auto":
-        return torch.bfloat16 if _native_bfloat16() else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
-
-
-def _native_bfloat16() -> bool:
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
 def input_hessian(inputs: list[torch.Tensor], token_weights: list[torch.Tensor] | None = None,
                   dtype: torch.dtype = torch.float32, block: int | None = None) -> torch.Tensor:
     """H = sum of x^T x over layer inputs, each [tokens, in] (padding rows removed first); with
@@ -316,7 +302,7 @@ def coordinate_descent(quantized: QuantizedWeight, target: torch.Tensor, hessian
     after it, so no code is revisited once the later ones are known. Here each code in turn moves to the
     integer that minimizes its row's error with every other code held (the error is quadratic in one code:
     the nearest integer to the unconstrained optimum, clamped to the grid), columns visited by decreasing H
-    diagonal, until a sweep changes nothing or ``sweeps`` ran. No step raises the error. AWQ's driver runs it
+    diagonal, until a sweep changes nothing or ``sweeps`` ran. No step raises the error. AWQ runs it
     on its rounded codes too (the scaled weight as target, its own damping)."""
     h = damped_hessian(hessian, damp).contiguous()
     column_group = quantized.group_index().contiguous()

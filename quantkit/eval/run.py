@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quantkit.algorithms.gptq import resolve_compute_dtype
+from quantkit.compute_dtype import resolve_compute_dtype
 from quantkit.errors import QuantkitError
 from quantkit.eval import baseline_cache, layer_metrics, lm_tasks, task_metrics, token_metrics
 from quantkit.eval.baseline_cache import BaselineResults

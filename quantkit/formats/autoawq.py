@@ -26,6 +26,8 @@ from quantkit.formats.common import (StoredCheckpoint, TensorFiles, fp16_scales,
                                      stored_checkpoint, write_quantized_dir)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats.registry import KV_SCALES_NOTE, CheckpointFormat, register
+from quantkit.formats.scheme import CheckpointScheme
 
 QUANT_METHOD = "awq"
 VERSION = "gemm"
@@ -181,3 +183,40 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
         return weight
 
     return stored_checkpoint(config, files, "qweight", TENSORS, read, stray=(".qzeros", ".scales"))
+
+
+@register
+class AutoAWQ(CheckpointFormat):
+    name = "autoawq"
+    quant_method = QUANT_METHOD
+    side_config = SIDE_CONFIG
+    fp16_scales = True
+
+    def can_hold(self, scheme: CheckpointScheme) -> str | None:
+        if scheme.kind != "int":
+            return "AutoAWQ GEMM holds integer weights; FP8 checkpoints are written as compressed-tensors"
+        if scheme.bits != BITS:
+            return f"AutoAWQ GEMM stores 4-bit weights only, not {scheme.bits}-bit"
+        if scheme.act_order == "permuted":
+            return ("act-order (permuted g_idx) groups cannot be stored in AutoAWQ GEMM, which has no g_idx: "
+                    "every group must be contiguous input channels")
+        if scheme.activations:
+            return "AutoAWQ GEMM is weight-only: it cannot hold quantized activations"
+        return None
+
+    def quantization_config(self, scheme: CheckpointScheme, ignore: list[str]) -> dict:
+        return quantization_config(scheme.group_size, modules_to_not_convert=ignore)
+
+    def module_tensors(self, quantized: dict, quant_config: dict, dtype: torch.dtype):
+        return module_tensors(quantized, quant_config)
+
+    def notes(self, scheme: CheckpointScheme) -> list[str]:
+        notes = []
+        if scheme.symmetric:
+            notes.append("symmetric weights written with their zero points (8): the GEMM layout always stores them")
+        if scheme.kv_cache:
+            notes.append(KV_SCALES_NOTE.format(format=self.name))
+        return notes
+
+    def open(self, path: Path) -> StoredCheckpoint:
+        return open_checkpoint(path)

@@ -16,15 +16,16 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.formats import autoawq, compressed_tensors, gptq
+from quantkit.formats import autoawq, compressed_tensors, gptq  # noqa: F401  (each registers its format)
 from quantkit.formats.common import StoredCheckpoint, load_safetensors, read_json
+from quantkit.formats.registry import FORMATS, CheckpointFormat
 
-FORMATS = ("compressed-tensors", "autoawq", "gptq", "dense")
-QUANT_METHODS = {"compressed-tensors": "compressed-tensors", "awq": "autoawq", "gptq": "gptq"}
-# Side files older tools write instead of config.json's quantization_config, and what each implies.
-SIDE_CONFIGS = ((gptq.SIDE_CONFIG, "gptq"), (autoawq.SIDE_CONFIG, "awq"))
-OPENERS = {"compressed-tensors": compressed_tensors.open_checkpoint, "autoawq": autoawq.open_checkpoint,
-           "gptq": gptq.open_checkpoint}
+
+def get_format(name: str, option: str = "--format") -> CheckpointFormat:
+    """The registered format of that name; QuantkitError naming the option otherwise."""
+    if name not in FORMATS:
+        raise QuantkitError(f"unknown {option} {name!r}", hint=f"use one of {', '.join(FORMATS)}")
+    return FORMATS[name]
 
 
 def detect_format(path: str | Path) -> str:
@@ -36,9 +37,11 @@ def detect_format(path: str | Path) -> str:
     config = read_json(config_file)
     if "quantization_config" in config:
         return _format_of(config["quantization_config"], f"{config_file}: quantization_config")
-    for name, method in SIDE_CONFIGS:
-        if (root / name).is_file():
-            return _format_of(read_json(root / name), str(root / name), default_method=method)
+    # older tools write a side file instead of quantization_config; GPTQ's wins where a directory has both
+    for fmt in sorted(FORMATS.values(), key=lambda f: f.name != "gptq"):
+        if fmt.side_config and (root / fmt.side_config).is_file():
+            return _format_of(read_json(root / fmt.side_config), str(root / fmt.side_config),
+                              default_method=fmt.quant_method)
     return "dense"
 
 
@@ -46,10 +49,11 @@ def _format_of(qconfig: dict, where: str, default_method: str | None = None) -> 
     if not isinstance(qconfig, dict):
         raise QuantkitError(f"{where}: expected an object, got {type(qconfig).__name__}")
     method = str(qconfig.get("quant_method") or default_method).lower()
-    if method not in QUANT_METHODS:
-        raise QuantkitError(f"{where}: quant_method {method!r} is not a format quantkit reads",
-                            hint="supported: compressed-tensors (pack-quantized), awq (GEMM), gptq")
-    return QUANT_METHODS[method]
+    for fmt in FORMATS.values():
+        if fmt.quant_method == method:
+            return fmt.name
+    raise QuantkitError(f"{where}: quant_method {method!r} is not a format quantkit reads",
+                        hint="supported: compressed-tensors (pack-quantized and float-quantized), awq (GEMM), gptq")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict]:
@@ -62,7 +66,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], di
     fmt = detect_format(root)
     if fmt == "dense":
         return read_json(root / "config.json"), load_safetensors(root), {}
-    return OPENERS[fmt](root).read_all()
+    return FORMATS[fmt].open(root).read_all()
 
 
 def open_checkpoint(path: str | Path) -> StoredCheckpoint:
@@ -71,4 +75,4 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     fmt = detect_format(root)
     if fmt == "dense":
         raise QuantkitError(f"{root} is a dense checkpoint: it has no quantized weights")
-    return OPENERS[fmt](root)
+    return FORMATS[fmt].open(root)

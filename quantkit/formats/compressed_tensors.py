@@ -26,6 +26,8 @@ from quantkit.formats import float_quantized
 from quantkit.formats.common import (StoredCheckpoint, TensorFiles, read_json, stored_checkpoint,
                                      write_quantized_dir)
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.formats.registry import CheckpointFormat, register
+from quantkit.formats.scheme import CheckpointScheme
 
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -261,3 +263,41 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     bits, group_size, symmetric, _ = weight_scheme(qconfig, where=where)
     return stored_checkpoint(config, TensorFiles(root), "weight_packed", SUFFIXES,
                              lambda parts, at: read_weight(parts, bits, group_size, symmetric, where=at))
+
+
+@register
+class CompressedTensors(CheckpointFormat):
+    """pack-quantized integer weights, or float-quantized FP8 (W8A8); FP8 KV-cache scales are declared too."""
+    name = "compressed-tensors"
+    quant_method = QUANT_METHOD
+
+    def can_hold(self, scheme: CheckpointScheme) -> str | None:
+        if scheme.kind == "int" and scheme.bits not in SUPPORTED_BITS:
+            return f"compressed-tensors pack-quantized stores {SUPPORTED_BITS}-bit integers, not {scheme.bits}-bit"
+        if scheme.kind == "int" and scheme.activations:
+            return "quantized activations with integer weights are not written yet"
+        if scheme.act_order == "permuted" and scheme.group_size == -1:
+            return "a permuted g_idx needs group quantization, not per channel (group_size -1)"
+        return None
+
+    def quantization_config(self, scheme: CheckpointScheme, ignore: list[str]) -> dict:
+        kv_cache = float_quantized.kv_cache_scheme() if scheme.kv_cache else None
+        if scheme.kind == "float":
+            return float_quantized.quantization_config(scheme.activations, ignore, kv_cache=scheme.kv_cache,
+                                                       version=CT_VERSION)
+        # static act order keeps groups contiguous: compressed-tensors calls that actorder "weight"
+        actorder = {"static": "weight", "permuted": "group", None: None}[scheme.act_order]
+        return quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder=actorder,
+                                   ignore=ignore, kv_cache_scheme=kv_cache)
+
+    def module_tensors(self, quantized: dict, quant_config: dict, dtype: torch.dtype):
+        return module_tensors(quantized, quant_config, dtype)
+
+    def notes(self, scheme: CheckpointScheme) -> list[str]:
+        if scheme.act_order == "permuted":
+            return ["act-order g_idx written as actorder 'group' (weight_g_idx): vLLM reads it, "
+                    "compressed-tensors >= 0.20 in transformers refuses it"]
+        return []
+
+    def open(self, path: Path) -> StoredCheckpoint:
+        return open_checkpoint(path)

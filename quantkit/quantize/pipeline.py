@@ -1,4 +1,4 @@
-"""The sequential pipeline: for each decoder layer, load its weights, let the method driver quantize it
+"""The sequential pipeline: for each decoder layer, load its weights, let the recipe's method quantize it
 on the cached activations of all calibration samples, keep its outputs as the next layer's inputs,
 hand its tensors to the checkpoint writer and drop them. Peak memory: one layer plus the activations
 (and what the writer buffers, at most one shard).
@@ -22,7 +22,7 @@ from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 from quantkit.memory import release_freed_memory
 from quantkit.models import describe_model, head_dim, stored_dtype
 from quantkit.quantize.activations import ActivationStore, InMemory
-from quantkit.quantize.drivers import DRIVERS, LinearReport
+from quantkit.quantize.methods import LinearReport
 from quantkit.quantize.staged import StagedLayer
 from quantkit.recipes import Recipe
 
@@ -68,7 +68,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
     # source's dtype for dense tensors and scales.
     dtype = stored_dtype(model_path)
-    driver_type = DRIVERS[recipe.quantization.method]
+    method_class = recipe.method_class
     if recipe.needs_calibration and not samples:
         raise QuantkitError(f"recipe {recipe.name} ({recipe.quantization.method}) needs calibration data",
                             hint="pass --calib DIR or --dataset SET")
@@ -76,7 +76,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     if recipe.needs_calibration:
         hidden = activations.keep(h[0] for h in model.embed_each(samples))
         rotary = _rotary_by_sample(model, samples)
-        # The full-precision model's hidden states, for drivers that fit its outputs (GPTQ fp_targets), on
+        # The full-precision model's hidden states, for methods that fit its outputs (GPTQ fp_targets), on
         # the samples they ask for.
         picks = reference_picks(recipe, len(samples))
         if picks is not None:
@@ -85,15 +85,15 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         with model.layer(index) as layer:
-            driver = driver_type(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
+            method = method_class(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                                 reuse_rotated=not activations.offloaded, forward_dtype=driver.forward_dtype())
-            done = driver.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
+                                 reuse_rotated=not activations.offloaded, forward_dtype=method.forward_dtype())
+            done = method.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:
                 _load_quantized(staged, done.quantized)
                 dense.update(_kv_scales(staged, prefix, hidden, rotary))
-                if done.outputs is None:  # a driver without data: the next layer still needs inputs
+                if done.outputs is None:  # a method without data: the next layer still needs inputs
                     done.outputs = activations.keep(staged.forward(h, r) for h, r in zip(hidden, rotary))
             hidden, reference_hidden = done.outputs, done.reference_outputs
             for name, tensor in layer.state_dict().items():
@@ -114,7 +114,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
 
 def reference_picks(recipe: Recipe, num_samples: int) -> list[int] | None:
     """The calibration samples the recipe's method runs the full-precision model's stream on, or None."""
-    return DRIVERS[recipe.quantization.method](recipe, "model.layers.0").reference_picks(num_samples)
+    return recipe.method_class(recipe, "model.layers.0").reference_picks(num_samples)
 
 
 def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -128,7 +128,7 @@ def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]]) -> list[t
 
 
 def _load_quantized(staged: StagedLayer, quantized: dict[str, QuantizedWeight | Fp8Weight]) -> None:
-    """Put the weights the checkpoint will hold into the layer (drivers may leave originals there)."""
+    """Put the weights the checkpoint will hold into the layer (methods may leave originals there)."""
     for name, weight in quantized.items():
         linear = staged.linear(name)
         linear.weight.data = weight.dequantize(linear.weight.dtype)

@@ -21,9 +21,9 @@ from quantkit.outdir import atomic_output_dir, check_output_dir
 from quantkit.quantize.activations import (activation_bytes, activation_store, check_offload_dir,
                                           warn_if_activations_outgrow_memory)
 from quantkit.quantize.checkpoint import CheckpointWriter, check_format
-from quantkit.quantize.drivers import LinearReport
+from quantkit.quantize.methods import LinearReport
 from quantkit.quantize.pipeline import LayerCallback, check_group_size, quantize_model, reference_picks
-from quantkit.recipes import ComputeDtypes, Recipe, load_recipe
+from quantkit.recipes import Recipe, load_recipe
 
 
 @dataclass
@@ -57,7 +57,7 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     if opts.calib and opts.dataset:
         raise QuantkitError("pass either --calib or --dataset, not both")
     recipe = load_recipe(opts.recipe)
-    check_format(recipe, opts.format)
+    checkpoint_format = check_format(recipe, opts.format)
     check_output_dir(opts.out, opts.overwrite)
     check_offload_dir(opts.offload_dir)
     model_path = resolve_model(opts.model)
@@ -73,7 +73,7 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
         warn_if_activations_outgrow_memory(needed, offloaded=opts.offload_dir is not None)
     with atomic_output_dir(opts.out, opts.overwrite) as staging, activation_store(opts.offload_dir) as activations:
         # AutoAWQ and GPTQ kernels read fp16 scales: quantize against fp16-rounded scales for them.
-        scale_dtype = None if opts.format == "compressed-tensors" else torch.float16
+        scale_dtype = torch.float16 if checkpoint_format.fp16_scales else None
         writer = CheckpointWriter(recipe, opts.format, model_path, staging, config.to_dict(),
                                   stored_dtype(model_path), opts.max_shard_bytes)
         summary = quantize_model(model_path, recipe, samples, writer.add, on_layer, scale_dtype=scale_dtype,
@@ -94,11 +94,8 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
 
 def _compute_dtypes(recipe: Recipe) -> dict:
     """What the recipe's "auto" choices resolved to on this machine: the same recipe may give other bytes elsewhere."""
-    method = recipe.quantization
-    if not isinstance(method, ComputeDtypes):  # RTN and FP8 multiply nothing that "auto" would choose
-        return {}
-    return {"hessian": str(method.hessian_torch_dtype()).removeprefix("torch."),
-            "forward": str(method.forward_torch_dtype()).removeprefix("torch.")}
+    dtypes = recipe.method_class.compute_dtypes(recipe.quantization)
+    return {use: str(dtype).removeprefix("torch.") for use, dtype in dtypes.items()}
 
 
 def _calibration_samples(opts: QuantizeOptions, model_path: Path) -> tuple[list[list[int]], dict]:

@@ -2,7 +2,7 @@ import torch
 
 from quantkit.algorithms import gptq
 from quantkit.algorithms.gptq import (coordinate_descent, fp_target_weight, gptq_quantize, input_hessian,
-                                      input_error_cross, inverse_hessian_factor, refit_scales, resolve_compute_dtype,
+                                      input_error_cross, inverse_hessian_factor, refit_scales,
                                       target_errors)
 from quantkit.algorithms.rtn import WeightScheme, fake_quantize, rtn_quantize
 from quantkit.formats.quantized import QuantizedWeight
@@ -111,16 +111,6 @@ def test_gptq_on_a_bfloat16_hessian_is_as_good_as_on_a_float32_one():
     # rounding decisions cascade, so the two land a percent or so apart (-0.5..+1.3% over seeds 1-4 here);
     # a wrong Hessian would be far off
     assert abs(errors[torch.bfloat16] / errors[torch.float32] - 1) < 0.05, errors
-
-
-def test_auto_hessian_dtype_is_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
-    assert resolve_compute_dtype("float32") == torch.float32
-    assert resolve_compute_dtype("bfloat16") == torch.bfloat16
-    for amx, avx512_bf16, expected in ((True, False, torch.bfloat16), (False, True, torch.bfloat16),
-                                       (False, False, torch.float32)):
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=avx512_bf16: b, raising=False)
-        assert resolve_compute_dtype("auto") == expected
 
 
 def test_dead_inputs_zero_their_columns():

@@ -59,7 +59,7 @@ def test_a_failed_install_leaves_no_stamp(tmp_path, monkeypatch):
 def test_the_peer_computes_in_what_quantkit_resolves_auto_to_on_this_machine():
     # the peer worker cannot import quantkit, so it probes the CPU itself: both must agree, or the
     # time ratios compare a bfloat16 run with a float32 one
-    from quantkit.algorithms.gptq import resolve_compute_dtype
+    from quantkit.compute_dtype import resolve_compute_dtype
     from quantkit.bench.peer_llmcompressor import compute_dtype
 
     assert compute_dtype() == resolve_compute_dtype("auto")

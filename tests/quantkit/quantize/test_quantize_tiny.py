@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-from quantkit.algorithms.gptq import resolve_compute_dtype
+from quantkit.compute_dtype import resolve_compute_dtype
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.models import load_model
-from quantkit.quantize.drivers import AWQDriver
+from quantkit.quantize.methods.awq import AWQ
 from quantkit.quantize.staged import StagedLayer
 from tests.conftest import chat_rows, write_jsonl
 from tests.quantkit.quantize.reports import assert_beats_rounding
@@ -78,7 +78,7 @@ def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_m
         for prev, names, width in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj",
                                                         "self_attn.v_proj"), config.hidden_size),
                                    ("mlp.up_proj", ("mlp.down_proj",), config.intermediate_size)):
-            AWQDriver._apply_scales(staged, prev, names, torch.rand(width) + 0.5, cols, rows)
+            AWQ._apply_scales(staged, prev, names, torch.rand(width) + 0.5, cols, rows)
         torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-5)
 
 

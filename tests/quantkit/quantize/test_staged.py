@@ -55,7 +55,7 @@ def test_bfloat16_forward_casts_a_weight_again_after_a_method_replaces_or_edits_
         staged = StagedLayer(layer, 4, 2, config.hidden_size // 4, forward_dtype=torch.bfloat16)
         linear = layer.mlp.up_proj
         staged.apply(linear, x)
-        linear.weight.data = torch.zeros_like(linear.weight)  # replaced, as drivers load quantized weights
+        linear.weight.data = torch.zeros_like(linear.weight)  # replaced, as methods load quantized weights
         assert staged.apply(linear, x).abs().max() == 0
         with torch.no_grad():
             linear.weight.add_(1.0)  # edited in place, as AWQ folds its scales
