@@ -1,5 +1,8 @@
 """Read calibration or traffic records from jsonl, json, csv, parquet, plain text, a `datasets`
-directory (``load_from_disk``) or a shipped set name (``support_chat_en`` or ``support_chat_en:eval``).
+directory (``load_from_disk``) or a shipped set name (``coqa_chat_en`` or ``support_chat_en:eval``).
+
+Shipped sets are of two kinds: real public text built from an installed package (quantkit.data.public_sets)
+and synthetic sets written for quantkit, stored as calib_sets/<set>/{train,eval}.jsonl.
 
 Every record keeps its source location; a bad record is an error naming file and line, never skipped.
 """
@@ -12,6 +15,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from quantkit.data.public_sets import PUBLIC_SETS, read_public_set, source_files
 from quantkit.data.records import Record, parse_record
 from quantkit.errors import QuantkitError
 
@@ -22,18 +26,32 @@ def shipped_sets_dir() -> Path:
     return Path(str(resources.files("quantkit.calib_sets")))
 
 
-def shipped_set_names() -> list[str]:
+def synthetic_set_names() -> list[str]:
     return sorted(p.name for p in shipped_sets_dir().iterdir() if (p / "train.jsonl").is_file())
 
 
-def resolve_dataset(ref: str) -> Path:
-    """A shipped set name (optionally ``name:split``) or a path, as a path that exists."""
+def shipped_set_names() -> list[str]:
+    return sorted(synthetic_set_names() + list(PUBLIC_SETS))
+
+
+def _shipped_split(ref: str) -> tuple[str, str] | None:
+    """(name, split) when ``ref`` names a shipped set, else None."""
     name, _, split = ref.partition(":")
-    if name in shipped_set_names():
-        split = split or "train"
-        if split not in SPLITS:
-            raise QuantkitError(f"dataset '{ref}': unknown split '{split}'", hint=f"use one of {SPLITS}")
-        return shipped_sets_dir() / name / f"{split}.jsonl"
+    if name not in PUBLIC_SETS and name not in synthetic_set_names():
+        return None
+    split = split or "train"
+    if split not in SPLITS:
+        raise QuantkitError(f"dataset '{ref}': unknown split '{split}'", hint=f"use one of {SPLITS}")
+    return name, split
+
+
+def resolve_dataset(ref: str) -> Path:
+    """A synthetic set name (optionally ``name:split``) or a path, as a path that exists."""
+    shipped = _shipped_split(ref)
+    if shipped and shipped[0] in PUBLIC_SETS:
+        raise QuantkitError(f"dataset '{ref}' is built from an installed package, not stored as a file")
+    if shipped:
+        return shipped_sets_dir() / shipped[0] / f"{shipped[1]}.jsonl"
     path = Path(ref).expanduser()
     if not path.exists():
         raise QuantkitError(
@@ -47,6 +65,9 @@ def read_records(ref: str) -> list[Record]:
     """Records of one dataset, or of several joined by commas (``pile_style_en,coding_python``)."""
     if "," in ref:
         return [record for part in ref.split(",") for record in read_records(part.strip())]
+    shipped = _shipped_split(ref)
+    if shipped and shipped[0] in PUBLIC_SETS:
+        return list(read_public_set(*shipped))
     path = resolve_dataset(ref)
     try:
         if path.is_dir():
@@ -69,6 +90,11 @@ def dataset_hash(ref: str) -> str:
     digest = hashlib.sha256()
     files = []
     for part in ref.split(","):
+        shipped = _shipped_split(part.strip())
+        if shipped and shipped[0] in PUBLIC_SETS:  # the package files it is built from, and which split
+            digest.update(f"{shipped[0]}:{shipped[1]}".encode())
+            files += source_files(shipped[0])
+            continue
         path = resolve_dataset(part.strip())
         files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
