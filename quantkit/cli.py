@@ -94,8 +94,9 @@ def _interrupt(signum, frame) -> None:
                     "--traffic traffic.jsonl --out calib/")
 def calibrate(
     model: str = typer.Option("smollm2-135m", help="Model name, HF model directory or .gguf file."),
-    dataset: str = typer.Option(..., help="Shipped set name (e.g. support_chat_en) or a jsonl/json/csv/parquet/txt "
-                                          "file or a `datasets` directory."),
+    dataset: str = typer.Option(..., help="Shipped set name (e.g. coqa_chat_en) or a jsonl/json/csv/parquet/txt "
+                                          "file or a `datasets` directory; or auto[:SET,FILE,...] to draw the mix "
+                                          "of those candidates (default: every shipped set) that matches --traffic."),
     out: Path = typer.Option(..., help="Output directory (written atomically)."),
     traffic: Optional[str] = typer.Option(None, help="A sample of production traffic to check coverage against."),
     num_samples: int = typer.Option(128, help="Calibration samples to draw."),
@@ -128,6 +129,10 @@ def _print_calibration_summary(result) -> None:
     table.add_row("wall time", f"{m['wall_seconds']:.1f} s")
     table.add_row("peak RSS", f"{m['peak_rss_mb']:.0f} MB")
     console.print(table)
+    if result.auto is not None:
+        _print_auto_mix(result.auto)
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     report = result.coverage
     if report is None:
         console.print("No --traffic given: coverage not checked.")
@@ -137,6 +142,20 @@ def _print_calibration_summary(result) -> None:
                   f"unigram JSD {report.jsd_unigram:.2f} bits; report in {result.out / 'coverage.md'}")
     for warning in report.warnings:
         err_console.print(f"[yellow]warning:[/] calibration set {warning}", highlight=False)
+
+
+def _print_auto_mix(auto) -> None:
+    """The chosen mix, then coverage of the traffic before (pooled candidates, best single set) and after."""
+    mix = auto.mix
+    chosen = ", ".join(f"{name} {count}" for name, count in mix.counts.items() if count)
+    console.print(f"Mix matched to traffic: {chosen} samples", highlight=False, soft_wrap=True)
+    table = Table(title="Coverage of the traffic (drawn samples)")
+    for column in ("calibration", "KS lengths", "unigram JSD", "languages", "warnings"):
+        table.add_column(column)
+    for name, report in auto.coverage.items():
+        langs = ", ".join(f"{lang} {share:.0%}" for lang, share in report.calib_langs.items())
+        table.add_row(name, f"{report.ks_length:.3f}", f"{report.jsd_unigram:.3f}", langs, str(len(report.warnings)))
+    console.print(table)
 
 
 @app.command(epilog="Example: quantkit quantize --model smollm2-135m --recipe awq-w4a16-g64 "

@@ -61,6 +61,32 @@ def bench_quantize(
               list(recipe or DEFAULT_RECIPES), peers, console, keep, _int_list(seeds, "--seeds"))
 
 
+@bench_app.command("calibration-match", epilog="Example: quantkit bench calibration-match --num-samples 32 "
+                                                "--out bench-match/")
+def bench_calibration_match(
+    model: str = typer.Option("smollm2-135m"),
+    traffic: str = typer.Option("code_python_en:eval,coqa_chat_en:eval",
+                                help="Traffic-like set(s): half is the traffic sample auto sees, half is held out."),
+    candidates: str = typer.Option("auto", help="The auto candidates: auto (every shipped set) or auto:SET,..."),
+    num_samples: int = typer.Option(32, min=1),
+    max_seq_len: int = typer.Option(256, min=8),
+    records: int = typer.Option(64, min=1, help="Held-out records scored for perplexity and KL."),
+    recipe: list[str] = typer.Option(None, help="Recipes (repeatable); default: gptq-w4a16-g64, awq-w4a16-g64."),
+    threads: int = typer.Option(1, help="torch threads (set OMP_NUM_THREADS to match)."),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("bench-calibration-match"), help="Work directory: checkpoints, reports, rows."),
+) -> None:
+    """GPTQ and AWQ calibrated on the auto mix, the best single set, a mismatched real set and the old synthetic
+    default: perplexity and KL on held-out traffic and one standard task, each through `quantkit eval`."""
+    from quantkit.bench.calibration_match import METHODS, run_bench
+
+    if not traffic.strip():
+        raise QuantkitError("--traffic is empty")
+    rows = run_bench(model, traffic, candidates, num_samples, max_seq_len, records, list(recipe or METHODS),
+                     threads, seed, out, console)
+    _write_json(out / "rows.json", rows)
+
+
 @bench_app.command("quantize-memory", epilog="Example: quantkit bench quantize-memory --layers 4,16,32; "
                                               "quantkit bench quantize-memory --recipe gptq-w4a16-g64 --offload")
 def bench_quantize_memory(

@@ -22,9 +22,11 @@ import torch
 from safetensors.torch import save_file
 
 from quantkit import __version__
+from quantkit.architectures import architecture_of
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.calibration.observers import LayerObserver
 from quantkit.data import coverage
+from quantkit.data.auto_mix import AutoResult, auto_samples, is_auto
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import SampleSet, draw_samples, tokenize
 from quantkit.errors import QuantkitError
@@ -56,6 +58,7 @@ class CalibrateResult:
     manifest: dict
     coverage: coverage.CoverageReport | None = None
     warnings: list[str] = field(default_factory=list)
+    auto: AutoResult | None = None  # with --dataset auto: the chosen mix and coverage before and after
 
 
 def calibrate(opts: CalibrateOptions, on_layer: LayerCallback | None = None) -> CalibrateResult:
@@ -72,14 +75,22 @@ def calibrate(opts: CalibrateOptions, on_layer: LayerCallback | None = None) -> 
             f"--max-seq-len {opts.max_seq_len} is beyond the model's limit of {config.max_position_embeddings} tokens",
             hint=f"use at most {config.max_position_embeddings}",
         )
-    records = read_records(opts.dataset)
+    if is_auto(opts.dataset) and (not opts.traffic or opts.pack):
+        raise QuantkitError(f"--dataset {opts.dataset} matches the calibration mix to traffic: it needs --traffic "
+                            "and draws whole records (no --pack)")
     traffic = read_records(opts.traffic) if opts.traffic else None
     tokenizer = load_tokenizer(model_path)
-    samples = draw_samples(records, tokenizer, opts.num_samples, opts.max_seq_len, seed=opts.seed,
-                           stratify=opts.stratify, pack=opts.pack)
+    traffic_ids = tokenize(traffic, tokenizer) if traffic is not None else None
+    auto = None
+    if is_auto(opts.dataset):
+        auto = auto_samples(opts.dataset, traffic, traffic_ids, tokenizer, opts.num_samples, opts.max_seq_len,
+                            seed=opts.seed, stratify=opts.stratify)
+        samples = auto.samples
+    else:
+        samples = draw_samples(read_records(opts.dataset), tokenizer, opts.num_samples, opts.max_seq_len,
+                               seed=opts.seed, stratify=opts.stratify, pack=opts.pack)
     report = None
     if traffic is not None:
-        traffic_ids = tokenize(traffic, tokenizer)
         report = coverage.compare(samples.records, samples.input_ids, traffic, traffic_ids)
 
     with atomic_output_dir(opts.out, opts.overwrite) as staging:
@@ -88,9 +99,10 @@ def calibrate(opts: CalibrateOptions, on_layer: LayerCallback | None = None) -> 
         save_samples(samples.input_ids, staging / "samples.safetensors")
         if report is not None:
             coverage.write_report(report, samples.input_ids, traffic_ids, staging)
-        manifest = _manifest(opts, model_path, samples, report, time.perf_counter() - started)
+        manifest = _manifest(opts, model_path, samples, report, time.perf_counter() - started, auto)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
-    return CalibrateResult(out=opts.out, samples=samples, manifest=manifest, coverage=report)
+    return CalibrateResult(out=opts.out, samples=samples, manifest=manifest, coverage=report,
+                           warnings=auto.mix.warnings if auto else [], auto=auto)
 
 
 def collect_statistics(model: LayerwiseModel, input_ids: list[list[int]],
@@ -100,12 +112,14 @@ def collect_statistics(model: LayerwiseModel, input_ids: list[list[int]],
     Samples run one by one (no padding, so no padding mask is needed); each layer's outputs are the
     next layer's inputs, so only one layer's weights and one set of activations live at a time."""
     config = model.config
+    qk_norm = architecture_of(config.to_dict()).qk_norm
     hidden = model.embed(input_ids)
     rotary = [model.position_embeddings(h) for h in hidden]
     stats: dict[str, torch.Tensor] = {}
     for index in range(model.num_layers):
         with model.layer(index) as layer:
-            observer = LayerObserver(layer, f"model.layers.{index}", config.num_key_value_heads, head_dim(config))
+            observer = LayerObserver(layer, f"model.layers.{index}", config.num_key_value_heads, head_dim(config),
+                                     qk_norm=qk_norm)
             try:
                 for j, h in enumerate(hidden):
                     observer.set_rotary(*rotary[j])
@@ -135,18 +149,32 @@ def load_samples(calib_dir: Path) -> list[list[int]]:
     return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
+def _mix_manifest(auto: AutoResult) -> dict:
+    mix = auto.mix
+    return {"samples": mix.counts, "predicted": mix.score.as_dict(),
+            "best_single": {"set": mix.best_single, "predicted": mix.best_single_score.as_dict()},
+            "coverage": {name: {"ks_length": round(r.ks_length, 4), "jsd_unigram": round(r.jsd_unigram, 4),
+                                "calib_langs": r.calib_langs, "warnings": r.warnings}
+                         for name, r in auto.coverage.items()},
+            "warnings": mix.warnings}
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def _manifest(opts: CalibrateOptions, model_path: Path, samples: SampleSet,
-              report: coverage.CoverageReport | None, seconds: float) -> dict:
+              report: coverage.CoverageReport | None, seconds: float, auto: AutoResult | None = None) -> dict:
     import transformers
 
+    mix = auto.mix if auto else None
     return {
         "kind": "quantkit-calibration",
         "model": {"ref": opts.model, "path": str(model_path)},
-        "dataset": {"ref": opts.dataset, "sha256": dataset_hash(opts.dataset), "records": samples.num_available},
+        "dataset": {"ref": opts.dataset, "records": samples.num_available,
+                    # auto: the hash of the sets that were drawn from, in the mix's order
+                    "sha256": dataset_hash(",".join(n for n, c in mix.counts.items() if c) if mix else opts.dataset)},
+        "mix": _mix_manifest(auto) if auto else None,
         "traffic": {"ref": opts.traffic, "sha256": dataset_hash(opts.traffic)} if opts.traffic else None,
         "samples": {
             "count": len(samples.input_ids), "tokens": samples.num_tokens, "max_seq_len": opts.max_seq_len,

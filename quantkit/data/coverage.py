@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from quantkit.data.language import record_language
 from quantkit.data.records import Record
 
 # A match is "poor" past these. KS 0.3: the length CDFs differ by 30 points somewhere.
@@ -53,7 +54,8 @@ def compare(calib: list[Record], calib_ids: list[list[int]],
         jsd_unigram=js_divergence(_unigrams(calib_ids), _unigrams(traffic_ids)),
         calib_length=_length_summary(calib_len), traffic_length=_length_summary(traffic_len),
         calib_tasks=_shares(r.task for r in calib), traffic_tasks=_shares(r.task for r in traffic),
-        calib_langs=_shares(r.lang for r in calib), traffic_langs=_shares(r.lang for r in traffic),
+        # Untagged records (the usual traffic) count in the language their text is written in.
+        calib_langs=_shares(map(record_language, calib)), traffic_langs=_shares(map(record_language, traffic)),
     )
     report.warnings = _explain(report)
     return report
@@ -73,6 +75,11 @@ def js_divergence(p: Counter, q: Counter) -> float:
     vocab = sorted(set(p) | set(q))
     pv = np.array([p.get(t, 0) for t in vocab], dtype=np.float64)
     qv = np.array([q.get(t, 0) for t in vocab], dtype=np.float64)
+    return jsd_bits(pv, qv)
+
+
+def jsd_bits(pv: np.ndarray, qv: np.ndarray) -> float:
+    """Jensen-Shannon divergence in bits of two count (or weight) vectors over the same vocabulary."""
     pv, qv = pv / pv.sum(), qv / qv.sum()
     m = (pv + qv) / 2
     return float(0.5 * _kl_bits(pv, m) + 0.5 * _kl_bits(qv, m))
@@ -107,7 +114,8 @@ def _explain(r: CoverageReport) -> list[str]:
     missing_langs = [k for k, v in r.traffic_langs.items() if v >= MIN_SHARE and k not in r.calib_langs]
     if missing_langs:
         out.append(f"languages in traffic but not in the calibration set: {', '.join(missing_langs)}")
-    missing_tasks = [k for k, v in r.traffic_tasks.items() if v >= MIN_SHARE and k not in r.calib_tasks]
+    missing_tasks = [k for k, v in r.traffic_tasks.items()
+                     if v >= MIN_SHARE and k not in r.calib_tasks and k != "unknown"]  # untagged says nothing
     if missing_tasks:
         shares = ", ".join(f"{k} ({r.traffic_tasks[k]:.0%})" for k in missing_tasks)
         out.append(f"tasks in traffic but not in the calibration set: {shares}")
