@@ -25,7 +25,6 @@ from pathlib import Path
 
 from quantkit.errors import QuantkitError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 CANDIDATE_GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -153,13 +152,10 @@ def list_models() -> list[dict]:
 def load_config(path: Path):
     from transformers import AutoConfig
 
+    from quantkit.architectures import architecture_of
+
     config = AutoConfig.from_pretrained(path)
-    arch = (config.architectures or ["?"])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise QuantkitError(
-            f"architecture {arch} of {path} is not supported yet",
-            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
-        )
+    architecture_of({"architectures": config.architectures}, str(path))  # refuses what quantkit cannot run
     return config
 
 
@@ -200,9 +196,12 @@ class ModelInfo:
 
 def describe_model(path: Path) -> ModelInfo:
     """Shapes and counts read from safetensors headers, without loading any weight."""
+    from quantkit.architectures import architecture_of
+
     config = load_config(path)
+    linears = architecture_of({"architectures": config.architectures}, str(path)).linears
     shapes = _tensor_shapes(path)
-    quantizable = {name: shape for name, shape in shapes.items() if _is_quantizable(name, shape)}
+    quantizable = {name: shape for name, shape in shapes.items() if _is_quantizable(name, linears)}
     fits, misfits = [], {}
     for group in CANDIDATE_GROUP_SIZES:
         bad = sorted({_strip_layer_index(n) for n, s in quantizable.items() if s[1] % group})
@@ -235,9 +234,9 @@ def _tensor_shapes(path: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _is_quantizable(name: str, shape: list[int]) -> bool:
-    """Linear weights inside decoder layers; embeddings, norms and lm_head stay in high precision."""
-    return ".layers." in name and name.endswith(".weight") and len(shape) == 2
+def _is_quantizable(name: str, linears: tuple[str, ...]) -> bool:
+    """The declared linears' weights inside decoder layers; embeddings, norms and lm_head stay in high precision."""
+    return ".layers." in name and name.endswith(".weight") and _strip_layer_index(name) in linears
 
 
 def _strip_layer_index(name: str) -> str:

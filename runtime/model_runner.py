@@ -73,6 +73,10 @@ class ModelRunner:
         if self.max_model_len > cfg.max_position_embeddings:
             raise QuantkitError(f"max_model_len {self.max_model_len} exceeds the model's "
                                 f"max_position_embeddings {cfg.max_position_embeddings}")
+        if cfg.window is not None and self.max_model_len > cfg.window:
+            raise QuantkitError(f"{path} attends over a sliding window of {cfg.window} tokens, which the runtime does "
+                                f"not bound attention to yet: max_model_len {self.max_model_len} would go past it",
+                                hint=f"pass max_model_len <= {cfg.window}, or serve the model with vLLM")
         self.block_size = config.block_size
         fp8 = config.kv_cache_dtype == "fp8"
         elem_bytes = 1 if fp8 else self.dtype.itemsize

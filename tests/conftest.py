@@ -29,10 +29,11 @@ CORPUS = [
 
 def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, architecture: str = "llama",
                      kv_heads: int = 2) -> Path:
-    """A random Llama-family model (llama, qwen2: q/k/v biases, mistral) with a small BPE tokenizer."""
+    """A random Llama-family model with a small BPE tokenizer: llama, llama3 (Llama 3.x rope scaling), qwen2
+    (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size) or mistral."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+                              PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -43,17 +44,26 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                         unk_token="<unk>", pad_token="<|im_end|>")
     tokenizer.chat_template = CHAT_TEMPLATE
-    config_type, model_type = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    config_type, model_type = {"llama": (LlamaConfig, LlamaForCausalLM), "llama3": (LlamaConfig, LlamaForCausalLM),
+                               "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                                "mistral": (MistralConfig, MistralForCausalLM)}[architecture]
+    extra = {}
+    if architecture == "llama3":  # a short original context, so every regime of the scaling shows at 16 dims
+        extra["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    if architecture == "qwen3":
+        extra["head_dim"] = 32
     config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
-                         max_position_embeddings=max_positions, tie_word_embeddings=True)
+                         max_position_embeddings=max_positions, tie_word_embeddings=True, **extra)
     torch.manual_seed(0)
     model = model_type(config)
-    with torch.no_grad():  # transformers initializes biases to zero, which would hide how they are handled
-        for name, parameter in model.named_parameters():
+    with torch.no_grad():  # transformers initializes biases to zero and norms to one, which would hide how
+        for name, parameter in model.named_parameters():  # they are handled
             if name.endswith(".bias"):
                 parameter.normal_(0, 0.5)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.5, 1.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -44,7 +44,8 @@ def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 class LayerObserver:
     """Hooks one decoder layer; call ``set_rotary`` before each forward so keys can be rotated."""
 
-    def __init__(self, layer: nn.Module, prefix: str, num_kv_heads: int, head_dim: int):
+    def __init__(self, layer: nn.Module, prefix: str, num_kv_heads: int, head_dim: int, qk_norm: bool = False):
+        """qk_norm: keys are normed per head after k_proj (Qwen3); the cache stores them normed, then rotated."""
         self.prefix = prefix
         self.linears = {name: ChannelStats.empty(m.in_features)
                         for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
@@ -57,7 +58,8 @@ class LayerObserver:
             for name, m in layer.named_modules() if isinstance(m, nn.Linear)
         ]
         attn = layer.self_attn
-        self._handles.append(attn.k_proj.register_forward_hook(self._kv_hook(is_key=True)))
+        keys = attn.k_norm if qk_norm else attn.k_proj
+        self._handles.append(keys.register_forward_hook(self._kv_hook(is_key=True)))
         self._handles.append(attn.v_proj.register_forward_hook(self._kv_hook(is_key=False)))
 
     def set_rotary(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -70,7 +72,7 @@ class LayerObserver:
 
     def _kv_hook(self, is_key: bool):
         def hook(module, args, output):
-            batch, seq, _ = output.shape
+            batch, seq = output.shape[:2]  # [batch, seq, kv * dim], or [batch, seq, kv, dim] out of k_norm
             states = output.detach().float().view(batch, seq, *self._shape).transpose(1, 2)
             if is_key:
                 cos, sin = self._rotary

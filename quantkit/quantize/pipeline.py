@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.architectures import architecture_of
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.errors import QuantkitError
 from quantkit.algorithms import fp8
@@ -65,6 +66,8 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     activations = activations or InMemory()
     model = LayerwiseModel(model_path)
     config = model.config
+    architecture = architecture_of(config.to_dict(), str(model_path))
+    window = architecture.window(config.to_dict())
     # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
     # source's dtype for dense tensors and scales.
     dtype = stored_dtype(model_path)
@@ -87,7 +90,8 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
         with model.layer(index) as layer:
             method = method_class(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                                 reuse_rotated=not activations.offloaded, forward_dtype=method.forward_dtype())
+                                 reuse_rotated=not activations.offloaded, forward_dtype=method.forward_dtype(),
+                                 architecture=architecture, window=window)
             done = method.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:

@@ -1,4 +1,6 @@
-"""A Llama-family decoder layer split at the inputs of its linear layers.
+"""A Llama-family decoder layer split at the inputs of its linear layers. What differs between the family's
+members (q/k norms, a sliding window, biases) comes from the architecture's declaration
+(quantkit.architectures) or from the layer's own modules.
 
 Calibration needs the input of every linear (q/k/v, o, gate/up, down) for every sample. Running the
 layer in these four stages, over all samples at a time, yields each input exactly once: a method can
@@ -18,18 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantkit.architectures import Architecture
+from quantkit.architectures.llama_family import LLAMA
 from quantkit.calibration.observers import rotate_keys
 from quantkit.quantize.activations import Slabs
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
-# Linear layers that read the same input, in execution order.
-STAGES = (
-    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    ("self_attn.o_proj",),
-    ("mlp.gate_proj", "mlp.up_proj"),
-    ("mlp.down_proj",),
-)
+# Linear layers that read the same input, in execution order: every member of the family has these four.
+STAGES = LLAMA.stages
 
 
 RECEIVED_QUERY_BLOCK = 128  # queries per block in attention_received
@@ -37,12 +36,17 @@ RECEIVED_QUERY_BLOCK = 128  # queries per block in attention_received
 
 class StagedLayer:
     def __init__(self, layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int,
-                 reuse_rotated: bool = True, forward_dtype: torch.dtype = torch.float32):
-        """forward_dtype: what the linears and attention multiply in. bfloat16 (where the CPU has it natively:
+                 reuse_rotated: bool = True, forward_dtype: torch.dtype = torch.float32,
+                 architecture: Architecture = LLAMA, window: int | None = None):
+        """window: the attention window in tokens (a sliding-window model), or None.
+        forward_dtype: what the linears and attention multiply in. bfloat16 (where the CPU has it natively:
         5x float32's speed on SmolLM2's linears, 2.8x on attention, with AMX) rounds their inputs and weights
         to 8 mantissa bits, sums in float32 and returns float32: the residual stream, norms and every
         result stay float32."""
         self.layer = layer
+        self.architecture, self.window = architecture, window
+        if list(STAGES) != list(architecture.stages):
+            raise ValueError(f"{architecture.name}: StagedLayer runs the Llama family's four input groups only")
         self.forward_dtype = forward_dtype
         self._low_weights: dict[int, tuple] = {}  # id(linear) -> (its weight, the weight's version, the cast)
         self.attn, self.mlp = layer.self_attn, layer.mlp
@@ -54,6 +58,10 @@ class StagedLayer:
         self.reuse_rotated = reuse_rotated
         self._rotated: dict[int, tuple] = {}
         self._rotated_slabs = Slabs()  # they live through a stage among temporaries: packed, see Slabs
+
+    @property
+    def stages(self) -> tuple[tuple[str, ...], ...]:
+        return self.architecture.stages
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
@@ -86,7 +94,10 @@ class StagedLayer:
         q, k = self._take_rotated(x) or self._rotated_qk(x, rotary)
         v = self.apply(self.attn.v_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         low = self.forward_dtype
-        out = F.scaled_dot_product_attention(q.to(low), k.to(low), v.to(low), is_causal=True, scale=self.attn.scaling,
+        windowed = self.window is not None and tokens > self.window
+        mask = _window_mask(0, tokens, self.window, 1, low)[None, None] if windowed else None
+        out = F.scaled_dot_product_attention(q.to(low), k.to(low), v.to(low), attn_mask=mask, is_causal=not windowed,
+                                             scale=self.attn.scaling,
                                              enable_gqa=self.num_heads != self.num_kv_heads).float()
         return out[0].transpose(0, 1).reshape(tokens, self.num_heads * self.head_dim)
 
@@ -110,17 +121,25 @@ class StagedLayer:
             end = min(start + RECEIVED_QUERY_BLOCK, tokens)
             queries = q[:, :, start:end].reshape(self.num_kv_heads, group * (end - start), self.head_dim)
             # scaling and the causal mask in one baddbmm (half the time of separate products and masked_fill)
-            future = _future_mask(start, end, group, q.dtype)
+            future = (_future_mask(start, end, group, q.dtype) if self.window is None or end <= self.window
+                      else _window_mask(start, end, self.window, group, q.dtype))
             probs = torch.baddbmm(future, queries, k[:, :end].transpose(1, 2), alpha=self.attn.scaling)
             received[:, :end] += probs.softmax(dim=-1).square_().sum(dim=1)
         return received
 
     def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k after rotary, [1, heads, tokens, dim]."""
-        tokens = x.shape[0]
-        q = self.apply(self.attn.q_proj, x).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)[None]
-        k = self.apply(self.attn.k_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        q = self._heads(self.apply(self.attn.q_proj, x), self.num_heads, "q_norm")
+        k = self._heads(self.apply(self.attn.k_proj, x), self.num_kv_heads, "k_norm")
         return rotate_keys(q, *rotary), rotate_keys(k, *rotary)
+
+    def _heads(self, projected: torch.Tensor, heads: int, norm: str) -> torch.Tensor:
+        """[tokens, heads * dim] -> [1, heads, tokens, dim], each head normed first where the architecture
+        has per-head q/k norms."""
+        split = projected.view(projected.shape[0], heads, self.head_dim)
+        if self.architecture.qk_norm:
+            split = getattr(self.attn, norm)(split)
+        return split.transpose(0, 1)[None]
 
     def _qk_weights(self) -> tuple[tuple[int, int], ...]:
         """Where the q/k weights live and their in-place version: changes when a method replaces or edits them."""
@@ -140,9 +159,7 @@ class StagedLayer:
         """Largest |K| (after rotary, as a KV cache stores keys) and |V| for one sample: what FP8
         KV-cache scales are made of."""
         x = self.attention_input(hidden)
-        tokens = x.shape[0]
-        k = self.attn.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
-        k = rotate_keys(k, *rotary)
+        k = rotate_keys(self._heads(self.attn.k_proj(x), self.num_kv_heads, "k_norm"), *rotary)
         return float(k.abs().max()), float(self.attn.v_proj(x).abs().max())
 
     @torch.no_grad()
@@ -174,6 +191,15 @@ def _future_mask(start: int, end: int, repeats: int, dtype: torch.dtype) -> torc
     """-inf where query start..end-1 would see a later key among keys 0..end-1, stacked `repeats` times:
     [repeats * (end - start), end]. Cached: calibration samples share a length."""
     return torch.full((end - start, end), float("-inf"), dtype=dtype).triu(start + 1).repeat(repeats, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _window_mask(start: int, end: int, window: int, repeats: int, dtype: torch.dtype) -> torch.Tensor:
+    """As _future_mask, and -inf too where a key lies ``window`` or more tokens before its query."""
+    mask = _future_mask(start, end, 1, dtype).clone()
+    queries = torch.arange(start, end)[:, None]
+    mask[torch.arange(end)[None, :] <= queries - window] = float("-inf")
+    return mask.repeat(repeats, 1)
 
 
 # Hooks get the linears' names, their inputs (one tensor per sample) and, for o_proj and down_proj, the
@@ -212,20 +238,21 @@ def _run_streams(streams: list[tuple[StagedLayer, Activations, list[Rotary]]], b
                  keep: Keep) -> list[Activations]:
     """Each stream is (layer, its per-sample inputs, their rotary tables); every stage runs for all streams
     before the hook, which gets the first stream's residual."""
+    stages = streams[0][0].stages
     x = [keep(layer.attention_input(h) for h in hidden) for layer, hidden, _ in streams]
-    before_stage(STAGES[0], x, None)
+    before_stage(stages[0], x, None)
     attended = [keep(layer.attention_core(xi, r) for xi, r in zip(xs, rotary))
                 for (layer, _, rotary), xs in zip(streams, x)]
     del x
-    before_stage(STAGES[1], attended, streams[0][1])
+    before_stage(stages[1], attended, streams[0][1])
     residual = [keep(layer.attention_output(h, a) for h, a in zip(hidden, att))
                 for (layer, hidden, _), att in zip(streams, attended)]
     del attended
     x = [keep(layer.mlp_input(r) for r in res) for (layer, _, _), res in zip(streams, residual)]
-    before_stage(STAGES[2], x, None)
+    before_stage(stages[2], x, None)
     gated = [keep(layer.mlp_core(xi) for xi in xs) for (layer, _, _), xs in zip(streams, x)]
     del x
-    before_stage(STAGES[3], gated, residual[0])
+    before_stage(stages[3], gated, residual[0])
     return [keep(layer.output(r, g) for r, g in zip(res, gat))
             for (layer, _, _), res, gat in zip(streams, residual, gated)]
 

@@ -1,4 +1,5 @@
-"""The Llama family (Llama, SmolLM2, Mistral without sliding window, Qwen2 with q/k/v biases) on runtime layers.
+"""The Llama family (Llama 1-3.x, SmolLM2, Mistral without sliding window, Qwen2 with q/k/v biases, Qwen3 with
+per-head q/k norms) on runtime layers; what differs between them is declared in quantkit.architectures.
 
 Module names follow HF's except the fused projections (qkv_proj, gate_up_proj), which the loader builds.
 Forward takes the flattened tokens of every scheduled sequence, [T], and returns hidden states [T, H].
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantkit.architectures import architecture_of
 from quantkit.errors import QuantkitError
 from quantkit.runtime.context import ForwardContext
 from quantkit.runtime.kernels import cpu_fused
@@ -19,8 +21,8 @@ from quantkit.runtime.layers.attention import PagedAttention
 from quantkit.runtime.layers.norm import RMSNorm
 from quantkit.runtime.layers.rotary import RotaryEmbedding
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-LOGITS_SLICE = 2048  # vocabulary rows per lm_head product on CPU
+LOGITS_SLICE = 2048
+LLAMA3_ROPE = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")  # vocabulary rows per lm_head product on CPU
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,21 @@ class LlamaConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
+    o_proj_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3)
+    rope: tuple[tuple[str, float], ...] = ()  # Llama 3's rope scaling parameters (LLAMA3_ROPE), or none
+    # the attention window of a sliding-window model: attention here is not bounded by it, so the model runner
+    # refuses a max_model_len beyond it (within it, the window never cuts anything)
+    window: int | None = None
 
     @classmethod
-    def from_hf(cls, config: dict, attention_bias: bool) -> LlamaConfig:
-        arch = (config.get("architectures") or ["?"])[0]
-        if arch not in ARCHITECTURES:
-            raise QuantkitError(f"the runtime does not run {arch} yet", hint=f"supported: {', '.join(ARCHITECTURES)}")
+    def from_hf(cls, config: dict, attention_bias: bool, o_proj_bias: bool = False) -> LlamaConfig:
+        architecture = architecture_of(config)
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
-        if rope_type != "default":
-            raise QuantkitError(f"rope type {rope_type!r} is not supported by the runtime yet", hint="supported: default")
-        if config.get("use_sliding_window") or (arch == "MistralForCausalLM" and config.get("sliding_window")):
-            raise QuantkitError(f"{arch} with a sliding window is not supported by the runtime yet")
+        if rope_type not in architecture.rope_types:
+            raise QuantkitError(f"rope type {rope_type!r} is not supported by the runtime yet",
+                                hint=f"supported: {', '.join(architecture.rope_types)}")
         heads = config["num_attention_heads"]
         return cls(
             vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
@@ -59,6 +64,8 @@ class LlamaConfig:
             rope_theta=rope.get("rope_theta") or config.get("rope_theta", 10000.0),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=config.get("tie_word_embeddings", False), attention_bias=attention_bias,
+            o_proj_bias=o_proj_bias, qk_norm=architecture.qk_norm, window=architecture.window(config),
+            rope=tuple((k, float(rope[k])) for k in LLAMA3_ROPE) if rope_type == "llama3" else (),
         )
 
 
@@ -68,14 +75,19 @@ class LlamaAttention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = rotary
         self.attn = PagedAttention(*self.shape)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         heads, kv_heads, d = self.shape
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary(ctx.positions, q.view(-1, heads, d), k.view(-1, kv_heads, d))
+        if self.q_norm is not None:  # each head's vector normed on its own: rows of [tokens * heads, d]
+            q = self.q_norm(q.reshape(-1, d))[0]
+            k = self.k_norm(k.reshape(-1, d))[0]
+        q, k = self.rotary(ctx.positions, q.reshape(-1, heads, d), k.reshape(-1, kv_heads, d))
         return self.o_proj(self.attn(q, k, v.view(-1, kv_heads, d), ctx))
 
 
@@ -113,7 +125,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, dict(cfg.rope))
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

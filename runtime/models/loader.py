@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from quantkit.architectures import Architecture, architecture_of
 from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import read_checkpoint
 from quantkit.formats.float_quantized import per_layer_kv_scales
@@ -21,8 +22,6 @@ from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
 from quantkit.memory import release_freed_memory
 from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear
 from quantkit.runtime.models.llama import LlamaConfig, LlamaForCausalLM
-
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: str = "auto"):
@@ -32,21 +31,24 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
         warnings.warn("the runtime runs W8A8 checkpoints weight-only for now (activations stay in high precision)",
                       stacklevel=2)
     tensors = {name: t for name, t in dense.items() if not name.endswith(("k_scale", "v_scale"))}
-    cfg = LlamaConfig.from_hf(config, attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors)
+    architecture = architecture_of(config, str(path))
+    cfg = LlamaConfig.from_hf(config, attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
+                              o_proj_bias="model.layers.0.self_attn.o_proj.bias" in tensors)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    for name, parts in _runtime_modules(quantized, cfg).items():
-        bias_names = [f"{n}.bias" for n in _parts(name)]
+    for name, parts in _runtime_modules(quantized, cfg, architecture).items():
+        bias_names = [f"{n}.bias" for n in _parts(name, architecture)]
         bias = torch.cat([tensors[n] for n in bias_names]) if all(n in tensors for n in bias_names) else None
         layer = _quantized_linear(parts, bias, dtype, kernels, device)
         if layer is None:  # not runnable quantized: dense weights, loaded with the rest below
-            tensors.update({f"{n}.weight": w.dequantize(torch.float32) for n, w in zip(_parts(name), parts)})
+            tensors.update({f"{n}.weight": w.dequantize(torch.float32)
+                            for n, w in zip(_parts(name, architecture), parts)})
             continue
         for n in bias_names:
             tensors.pop(n, None)
         parent, child = name.rsplit(".", 1) if "." in name else ("", name)
         setattr(model.get_submodule(parent), child, layer)
-    state = _runtime_state(tensors, cfg)
+    state = _runtime_state(tensors, cfg, architecture)
     expected = {k for k, v in model.state_dict().items() if v.is_meta}
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -57,7 +59,7 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
                           strict=False, assign=True)
     # Rotary tables are computed, not stored: build them for real off the meta device.
     rotary = model.model.layers[0].self_attn.rotary.__class__(cfg.head_dim, cfg.max_position_embeddings,
-                                                               cfg.rope_theta)
+                                                               cfg.rope_theta, dict(cfg.rope))
     for layer in model.model.layers:
         layer.self_attn.rotary = rotary
     model, kv_scales = model.to(device).eval(), _kv_scales(dense)
@@ -66,36 +68,39 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
     return model, kv_scales
 
 
-def _runtime_state(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+def _runtime_state(tensors: dict[str, torch.Tensor], cfg: LlamaConfig,
+                   architecture: Architecture) -> dict[str, torch.Tensor]:
+    """Dense tensors by runtime name: the declared fused projections' parts concatenated (weights and biases)."""
     state = dict(tensors)
     for i in range(cfg.num_layers):
-        for module, fused, parts in (("self_attn", "qkv_proj", FUSED["qkv_proj"]),
-                                     ("mlp", "gate_up_proj", FUSED["gate_up_proj"])):
-            prefix = f"model.layers.{i}.{module}."
+        for fused, parts in architecture.fused.items():
             for suffix in ("weight", "bias"):
-                names = [f"{prefix}{p}.{suffix}" for p in parts]
+                names = [f"model.layers.{i}.{p}.{suffix}" for p in parts]
                 if all(n in state for n in names):
-                    state[f"{prefix}{fused}.{suffix}"] = torch.cat([state.pop(n) for n in names])
+                    state[f"model.layers.{i}.{fused}.{suffix}"] = torch.cat([state.pop(n) for n in names])
     if "lm_head.weight" not in state and cfg.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     return state
 
 
-def _runtime_modules(quantized: dict, cfg: LlamaConfig) -> dict[str, list]:
-    """Quantized weights by runtime module name: q/k/v under ...qkv_proj, gate/up under ...gate_up_proj."""
+def _runtime_modules(quantized: dict, cfg: LlamaConfig, architecture: Architecture) -> dict[str, list]:
+    """Quantized weights by runtime module name, the parts of a declared fused projection under its name."""
     modules = dict((name, [w]) for name, w in quantized.items())
     for i in range(cfg.num_layers):
-        for module, fused in (("self_attn", "qkv_proj"), ("mlp", "gate_up_proj")):
-            names = [f"model.layers.{i}.{module}.{p}" for p in FUSED[fused]]
+        for fused, parts in architecture.fused.items():
+            names = [f"model.layers.{i}.{p}" for p in parts]
             if all(n in modules for n in names):
-                modules[f"model.layers.{i}.{module}.{fused}"] = [modules.pop(n)[0] for n in names]
+                modules[f"model.layers.{i}.{fused}"] = [modules.pop(n)[0] for n in names]
     return modules
 
 
-def _parts(name: str) -> list[str]:
+def _parts(name: str, architecture: Architecture) -> list[str]:
     """The checkpoint module names behind a runtime module name."""
-    prefix, child = name.rsplit(".", 1)
-    return [f"{prefix}.{p}" for p in FUSED[child]] if child in FUSED else [name]
+    if ".layers." not in name:
+        return [name]
+    within = name.split(".layers.", 1)[1].split(".", 1)[1]
+    prefix = name[: -len(within)]
+    return [prefix + p for p in architecture.fused.get(within, (within,))]
 
 
 def _quantized_linear(parts: list, bias: torch.Tensor | None, dtype: torch.dtype, kernels: str,

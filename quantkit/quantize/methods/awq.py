@@ -17,7 +17,7 @@ from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.formats.quantized import QuantizedWeight, stack_rows
 from quantkit.quantize.methods.base import (ComputeDtypes, LayerResult, LinearReport, QuantMethod, register,
                                             relative_errors)
-from quantkit.quantize.staged import (STAGES, Activations, Rotary, StagedLayer, residual_token_weights,
+from quantkit.quantize.staged import (Activations, Rotary, StagedLayer, residual_token_weights,
                                       run_stages, sample_lengths, value_token_weights)
 
 
@@ -63,11 +63,11 @@ class AWQ(QuantMethod):
                                                                 self.hessian_dtype))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))
-        originals = {n: staged.linear(n).weight.detach().float().clone() for stage in STAGES for n in stage}
+        originals = {n: staged.linear(n).weight.detach().float().clone() for n in staged.architecture.linears}
         col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
         row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
         hessians = {}
-        for names, prev in zip(STAGES, self._previous_ops(staged)):
+        for names, prev in zip(staged.stages, self._previous_ops(staged)):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
             if prev is not None and targets:
@@ -102,7 +102,7 @@ class AWQ(QuantMethod):
         they receive; o_proj and down_proj tokens weighted by 1 / rms^2 of the residual stream they feed. Fitted
         on a plain Hessian, the descent spends its freedom on tokens (the attention sink) whose errors matter
         more or less than their count (docs/quantization-experiments.md, AWQ)."""
-        if names == STAGES[0]:
+        if names == staged.stages[0]:
             return {"self_attn.v_proj": [gptq.input_hessian(inputs, token_weights, dtype)
                                          for token_weights in value_token_weights(staged, inputs, rotary)]}
         if residual is None:
@@ -122,10 +122,16 @@ class AWQ(QuantMethod):
 
     @staticmethod
     def _previous_ops(staged: StagedLayer) -> list[str | None]:
-        """What each stage's input scales fold into; v -> o only when shapes match (no GQA)."""
-        v, o = staged.linear("self_attn.v_proj"), staged.linear("self_attn.o_proj")
-        v_to_o = "self_attn.v_proj" if v.weight.shape == o.weight.shape else None
-        return ["input_layernorm", v_to_o, "post_attention_layernorm", "mlp.up_proj"]
+        """What each stage's input scales fold into (the architecture's declaration). A linear takes them only
+        where its outputs are the stage's inputs one for one: v -> o not with grouped KV heads."""
+        previous = []
+        for group in staged.architecture.input_groups:
+            prev = group.scales_into
+            if prev is not None and isinstance(staged.layer.get_submodule(prev), torch.nn.Linear):
+                if staged.linear(prev).weight.shape[0] != staged.linear(group.linears[0]).weight.shape[1]:
+                    prev = None
+            previous.append(prev)
+        return previous
 
     @staticmethod
     def _apply_scales(staged: StagedLayer, prev: str, names: tuple[str, ...], scales: torch.Tensor,

@@ -9,7 +9,7 @@ from typing import Literal
 from quantkit.algorithms import awq, fp8, gptq
 from quantkit.formats.scheme import CheckpointScheme
 from quantkit.quantize.methods.base import LayerResult, LinearReport, MethodOptions, QuantMethod, register
-from quantkit.quantize.staged import STAGES, Activations, run_stages
+from quantkit.quantize.staged import Activations, run_stages
 
 
 class FP8Options(MethodOptions):
@@ -59,7 +59,7 @@ class FP8(QuantMethod):
                 result.reports.append(LinearReport(f"{self.prefix}.{name}", "fp8", None, error))
 
         if hidden is None:
-            for names in STAGES:
+            for names in staged.stages:
                 quantize_stage(names, [])
         else:
             result.outputs = run_stages(staged, hidden, rotary, quantize_stage, self.keep)

@@ -155,7 +155,8 @@ class GPTQ(QuantMethod):
         if picks is not None and reference_hidden is not None:
             reference = StagedLayer(copy.deepcopy(staged.layer), staged.num_heads, staged.num_kv_heads,
                                     staged.head_dim, reuse_rotated=staged.reuse_rotated,
-                                    forward_dtype=staged.forward_dtype)
+                                    forward_dtype=staged.forward_dtype, architecture=staged.architecture,
+                                    window=staged.window)
             result.outputs, result.reference_outputs = run_paired_stages(
                 staged, reference, hidden, reference_hidden, rotary, quantize_stage, self.keep, picks)
         else:

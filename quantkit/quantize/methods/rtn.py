@@ -6,7 +6,6 @@ from typing import Literal
 
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.quantize.methods.base import LayerResult, LinearReport, MethodOptions, QuantMethod, register
-from quantkit.quantize.staged import STAGES
 
 
 class RTNOptions(MethodOptions):
@@ -19,7 +18,7 @@ class RTN(QuantMethod):
 
     def quantize_layer(self, staged, hidden=None, rotary=None, reference_hidden=None) -> LayerResult:
         result = LayerResult(outputs=None)
-        for name in self.targets(tuple(n for stage in STAGES for n in stage)):
+        for name in self.targets(staged.architecture.linears):
             result.quantized[name] = rtn_quantize(staged.linear(name).weight.detach(), self.scheme)
             result.reports.append(LinearReport(f"{self.prefix}.{name}", "rtn", None, None))
         return result
