@@ -5,9 +5,9 @@ between the language mixes (and between the task mixes, when the traffic carries
 is their plain sum: each lies in [0, 1] and the report reads them side by side.
 
 A mix's measures follow from per-set profiles (length CDF, unigram counts, language and task shares) without
-drawing samples, so the search is cheap: greedy, one sample at a time to the set that lowers the objective
-most, then single-sample moves between sets while any helps. The chosen counts are then drawn for real and
-the coverage report measures the drawn samples.
+drawing samples, so the search is cheap: greedy, a step of samples at a time (at most GREEDY_STEPS steps) to
+the set that lowers the objective most, then single-sample moves between sets while any helps. The chosen
+counts are then drawn for real and the coverage report measures the drawn samples.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from quantkit.data.coverage import MIN_SHARE, jsd_bits
 from quantkit.data.language import record_language
 from quantkit.data.records import Record
 from quantkit.data.samples import SampleSet, select_samples
+
+
+GREEDY_STEPS = 128  # large --num-samples are placed in this many steps, then refined one sample at a time
 
 
 @dataclass
@@ -94,10 +97,15 @@ def choose_mix(names: list[str], parts: list[Profile], available: list[int], tra
     def objective(c: np.ndarray) -> float:
         return score(c, parts, traffic, use_tasks).total
 
-    for _ in range(total):  # greedy: each sample to the set that helps most
-        trials = [(objective(counts + np.eye(len(parts))[k]), k) for k in range(len(parts))
-                  if counts[k] < available[k]]
-        counts[min(trials)[1]] += 1
+    step = max(1, total // GREEDY_STEPS)
+    while counts.sum() < total:  # greedy: each step of samples to the set that helps most
+        size = min(step, total - int(counts.sum()))
+        trials = [(objective(counts + size * np.eye(len(parts))[k]), k) for k in range(len(parts))
+                  if counts[k] + size <= available[k]]
+        if not trials:  # no set holds a whole step any more: go one sample at a time
+            step = size = 1
+            continue
+        counts[min(trials)[1]] += size
     best = objective(counts)
     improved = True
     while improved:  # then move single samples between sets while that lowers the objective

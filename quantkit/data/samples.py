@@ -30,10 +30,14 @@ def render(record: Record, tokenizer) -> tuple[str, bool]:
 
 
 def tokenize(records: list[Record], tokenizer) -> list[list[int]]:
-    out = []
-    for record in records:
-        text, templated = render(record, tokenizer)
-        out.append(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+    rendered = [render(record, tokenizer) for record in records]
+    out: list[list[int]] = [[] for _ in records]
+    for templated in (True, False):  # one batched call per kind: fast tokenizers run a batch in parallel
+        picked = [i for i, (_, t) in enumerate(rendered) if t == templated]
+        if picked:
+            ids = tokenizer([rendered[i][0] for i in picked], add_special_tokens=not templated)["input_ids"]
+            for i, row in zip(picked, ids):
+                out[i] = row
     return out
 
 

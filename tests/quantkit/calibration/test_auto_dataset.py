@@ -3,6 +3,8 @@ manifest, and each bad input as one line and exit 2."""
 
 import json
 
+import pytest
+
 from tests.conftest import chat_rows, write_jsonl
 from tests.quantkit.test_cli_calibrate import _assert_one_line_error, _no_leftovers
 
@@ -65,3 +67,16 @@ def test_no_candidate_in_the_traffics_language_warns_and_still_picks(tiny_model,
     assert code == 0, err
     assert "no candidate set contains the traffic's language 'zh' (100% of its records)" in err
     assert json.loads((out / "manifest.json").read_text())["mix"]["samples"] == {str(en): 4}
+
+
+@pytest.mark.e2e
+def test_auto_on_the_real_model_follows_code_traffic(smollm2, tmp_path, run_cli):
+    out = tmp_path / "calib"
+    code, _, err = run_cli("calibrate", "--model", smollm2, "--dataset",
+                           "auto:coqa_chat_en,code_python_en,customer_service_zh", "--traffic", "code_python_en:eval",
+                           "--num-samples", 8, "--max-seq-len", 64, "--out", out)
+    assert code == 0, err
+    mix = json.loads((out / "manifest.json").read_text())["mix"]
+    assert mix["best_single"]["set"] == "code_python_en" and mix["samples"]["code_python_en"] >= 6
+    assert mix["coverage"]["auto mix"]["jsd_unigram"] < mix["coverage"]["pooled"]["jsd_unigram"]
+    assert (out / "stats.safetensors").is_file()
