@@ -155,7 +155,7 @@ def load_config(path: Path):
     from quantkit.architectures import architecture_of
 
     config = AutoConfig.from_pretrained(path)
-    architecture_of({"architectures": config.architectures}, str(path))  # refuses what quantkit cannot run
+    architecture_of(config.to_dict(), str(path))  # refuses what quantkit cannot run
     return config
 
 
@@ -199,7 +199,7 @@ def describe_model(path: Path) -> ModelInfo:
     from quantkit.architectures import architecture_of
 
     config = load_config(path)
-    linears = architecture_of({"architectures": config.architectures}, str(path)).linears
+    linears = architecture_of(config.to_dict(), str(path)).layer_linears(config.to_dict())
     shapes = _tensor_shapes(path)
     quantizable = {name: shape for name, shape in shapes.items() if _is_quantizable(name, linears)}
     fits, misfits = [], {}
@@ -269,6 +269,10 @@ def load_model(path: Path, dtype=None):
     config = AutoConfig.for_model(**config_json)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    from quantkit.architectures import architecture_of
+    from quantkit.architectures.moe import unfuse_experts
+
+    unfuse_experts(model, architecture_of(config_json, str(path)), config)  # experts under their stored names
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta]

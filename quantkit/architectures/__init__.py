@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quantkit.architectures.llama_family import DECLARATIONS
-from quantkit.architectures.spec import Architecture, InputGroup
+from quantkit.architectures.spec import Architecture, Experts, InputGroup
 from quantkit.errors import QuantkitError
 
 ARCHITECTURES: dict[str, Architecture] = {hf: arch for arch in DECLARATIONS for hf in arch.hf_architectures}
@@ -15,7 +15,11 @@ def architecture_of(config: dict, where: str = "config.json") -> Architecture:
     if name not in ARCHITECTURES:
         raise QuantkitError(f"architecture {name} of {where} is not supported yet",
                             hint=f"supported: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[name]
+    architecture = ARCHITECTURES[name]
+    if architecture.experts and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
+        raise QuantkitError(f"{where}: {name} with dense MLP layers among the sparse ones is not supported yet",
+                            hint="supported: every decoder layer sparse (decoder_sparse_step 1, no mlp_only_layers)")
+    return architecture
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "InputGroup", "architecture_of"]
+__all__ = ["ARCHITECTURES", "Architecture", "Experts", "InputGroup", "architecture_of"]

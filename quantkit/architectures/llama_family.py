@@ -1,7 +1,8 @@
 """The Llama family: pre-norm decoder layers with rotary attention (grouped KV heads) and a SwiGLU MLP.
-Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) differ only in what is declared here."""
+Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Qwen3-MoE (sparse experts instead of the
+MLP) differ only in what is declared here."""
 
-from quantkit.architectures.spec import Architecture, InputGroup
+from quantkit.architectures.spec import Architecture, Experts, InputGroup
 
 LLAMA_GROUPS = (
     InputGroup(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), fused_as="self_attn.qkv_proj",
@@ -12,9 +13,14 @@ LLAMA_GROUPS = (
     InputGroup(("mlp.down_proj",), scales_into="mlp.up_proj"),
 )
 
+ATTENTION_GROUPS = LLAMA_GROUPS[:2]
+
 LLAMA = Architecture("llama", ("LlamaForCausalLM",), LLAMA_GROUPS)
 MISTRAL = Architecture("mistral", ("MistralForCausalLM",), LLAMA_GROUPS, sliding_window=True)
 QWEN2 = Architecture("qwen2", ("Qwen2ForCausalLM",), LLAMA_GROUPS)
 QWEN3 = Architecture("qwen3", ("Qwen3ForCausalLM",), LLAMA_GROUPS, qk_norm=True)
+# Every decoder layer sparse (decoder_sparse_step 1, no mlp_only_layers: Qwen3-30B-A3B and -235B-A22B)
+QWEN3_MOE = Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ATTENTION_GROUPS, qk_norm=True,
+                         experts=Experts("mlp", gate="gate_proj", up="up_proj", down="down_proj"))
 
-DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3)
+DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE)

@@ -21,6 +21,29 @@ class InputGroup:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A sparse mixture-of-experts block in place of the MLP: a router (kept 16-bit) picks top-k experts per
+    token, each expert a SwiGLU MLP stored as its own linears (``<block>.experts.<e>.<linear>``, the layout
+    vLLM loads), which transformers fuses into 3-D parameters in memory."""
+    block: str  # the block's module within the layer ("mlp")
+    gate: str  # each expert's linears, by their names in the checkpoint
+    up: str
+    down: str
+    router: str = "gate"  # within the block
+    count_key: str = "num_local_experts"  # the config.json keys for the number of experts and the top k
+    top_k_key: str = "num_experts_per_tok"
+
+    def linear(self, expert: int, name: str) -> str:
+        return f"{self.block}.experts.{expert}.{name}"
+
+    def groups(self, expert: int) -> tuple[InputGroup, InputGroup]:
+        """One expert's input groups: gate/up read the routed tokens (no op of their own before them: the norm
+        is shared by every expert and the router), down reads act(gate) * up, whose scales up may take."""
+        gate, up, down = (self.linear(expert, n) for n in (self.gate, self.up, self.down))
+        return InputGroup((gate, up)), InputGroup((down,), scales_into=up)
+
+
+@dataclass(frozen=True)
 class Architecture:
     name: str
     hf_architectures: tuple[str, ...]  # config.json "architectures" values this declaration covers
@@ -31,6 +54,19 @@ class Architecture:
     rope_types: tuple[str, ...] = ("default", "llama3")
     # whether the config's sliding_window bounds attention (Mistral); Qwen2/3 say so with use_sliding_window
     sliding_window: bool = False
+    # a sparse MoE block instead of the MLP (the input groups then declare the attention's only)
+    experts: Experts | None = None
+
+    def num_experts(self, config: dict) -> int:
+        return int(config[self.experts.count_key]) if self.experts else 0
+
+    def layer_groups(self, config: dict) -> tuple[InputGroup, ...]:
+        """Every input group of one decoder layer, each expert's own groups included."""
+        experts = tuple(group for e in range(self.num_experts(config)) for group in self.experts.groups(e))
+        return self.input_groups + experts
+
+    def layer_linears(self, config: dict) -> tuple[str, ...]:
+        return tuple(name for group in self.layer_groups(config) for name in group.linears)
 
     @property
     def stages(self) -> tuple[tuple[str, ...], ...]:

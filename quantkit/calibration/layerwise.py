@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from quantkit.architectures import architecture_of
+from quantkit.architectures.moe import unfuse_experts
 from quantkit.errors import QuantkitError
 from quantkit.models import load_config
 
@@ -67,6 +69,8 @@ class LayerwiseModel:
         self.config._attn_implementation = "sdpa"
         with torch.device("meta"):
             self.skeleton = AutoModelForCausalLM.from_config(self.config, dtype=dtype)
+        self.architecture = architecture_of(self.config.to_dict(), str(path))
+        unfuse_experts(self.skeleton, self.architecture, self.config)  # experts as their stored linears
         self.decoder = self.skeleton.model
         # The rotary embedding has only computed buffers, no weights: build a real one on CPU.
         self.rotary = type(self.decoder.rotary_emb)(config=self.config)

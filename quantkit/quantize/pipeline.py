@@ -37,6 +37,8 @@ class QuantizeSummary:
     """What the pipeline learned besides the tensors, which went to the sink as they were made."""
     reports: list[LinearReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # decoder linears the recipe leaves dense
+    routed_tokens: dict[str, list[int]] = field(default_factory=dict)  # MoE layer -> calibration tokens per expert
+    warnings: list[str] = field(default_factory=list)
 
 
 def check_group_size(model_path: Path, recipe: Recipe) -> None:
@@ -100,6 +102,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
                 if done.outputs is None:  # a method without data: the next layer still needs inputs
                     done.outputs = activations.keep(staged.forward(h, r) for h, r in zip(hidden, rotary))
             hidden, reference_hidden = done.outputs, done.reference_outputs
+            _note_routing(staged, prefix, done.reports, summary)
             for name, tensor in layer.state_dict().items():
                 module, kind = name.rsplit(".", 1)
                 if module not in done.quantized or kind != "weight":  # a quantized linear's bias stays dense
@@ -114,6 +117,25 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
             on_layer(index + 1, model.num_layers)
     sink(_outside_layers(model), {})
     return summary
+
+
+def _note_routing(staged: StagedLayer, prefix: str, reports: list[LinearReport], summary: QuantizeSummary) -> None:
+    """Tokens routed to each expert of an MoE layer, and a warning (and a note on its linears' reports) for each
+    expert that was calibrated on every token because too few were routed to it."""
+    if not staged.routed_tokens:
+        return
+    summary.routed_tokens[prefix] = staged.routed_tokens
+    top_k = staged.layer.get_submodule(f"{staged.experts.block}.{staged.experts.router}").top_k
+    total = sum(staged.routed_tokens) // top_k
+    for expert in staged.forced_experts:
+        routed, width = staged.routed_tokens[expert], staged.expert_linear(expert, "gate").in_features
+        summary.warnings.append(f"{prefix}: expert {expert} was routed {routed} calibration tokens, fewer than its "
+                                f"{width} inputs: calibrated on all {total} tokens of the layer instead (forced routing)")
+        names = {f"{prefix}.{staged.experts.linear(expert, n)}" for n in (staged.experts.gate, staged.experts.up,
+                                                                          staged.experts.down)}
+        for report in reports:
+            if report.name in names:
+                report.note = "; ".join(filter(None, [report.note, f"forced routing: {routed} tokens routed"]))
 
 
 def reference_picks(recipe: Recipe, num_samples: int) -> list[int] | None:

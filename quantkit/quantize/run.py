@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from quantkit import __version__
+from quantkit.architectures import architecture_of
 from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import draw_samples
@@ -62,6 +63,9 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     check_offload_dir(opts.offload_dir)
     model_path = resolve_model(opts.model)
     config = load_config(model_path)  # refuses unsupported architectures before any work
+    refusal = recipe.method_class.check_architecture(recipe.quantization, architecture_of(config.to_dict()))
+    if refusal:
+        raise QuantkitError(f"recipe {recipe.name} on {model_path}: {refusal}")
     check_group_size(model_path, recipe)
     samples, calib_info = None, None
     if recipe.needs_calibration:
@@ -87,7 +91,9 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
             "wall_seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": round(peak_rss_mb(), 1),
             "layers": [r.__dict__ for r in summary.reports],
         }
-        warnings = writer.finish(summary.ignored, provenance)
+        if summary.routed_tokens:
+            provenance["routed_tokens"] = summary.routed_tokens
+        warnings = summary.warnings + writer.finish(summary.ignored, provenance)
     return QuantizeResult(out=opts.out, provenance=provenance, reports=summary.reports,
                           weights=recipe.weights_label, warnings=warnings)
 

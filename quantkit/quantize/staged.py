@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quantkit.architectures import Architecture
+from quantkit.architectures import Architecture, InputGroup
 from quantkit.architectures.llama_family import LLAMA
 from quantkit.calibration.observers import rotate_keys
 from quantkit.quantize.activations import Slabs
@@ -45,8 +45,14 @@ class StagedLayer:
         result stay float32."""
         self.layer = layer
         self.architecture, self.window = architecture, window
-        if list(STAGES) != list(architecture.stages):
-            raise ValueError(f"{architecture.name}: StagedLayer runs the Llama family's four input groups only")
+        mlp_stages = () if architecture.experts else STAGES[2:]
+        if list(STAGES[:2] + mlp_stages) != list(architecture.stages):
+            raise ValueError(f"{architecture.name}: StagedLayer runs the Llama family's input groups only")
+        self.experts = architecture.experts
+        self.num_experts = len(layer.get_submodule(self.experts.block).experts) if self.experts else 0
+        # tokens routed to each expert in the last run, and the experts calibrated on every token instead
+        self.routed_tokens: list[int] = []
+        self.forced_experts: list[int] = []
         self.forward_dtype = forward_dtype
         self._low_weights: dict[int, tuple] = {}  # id(linear) -> (its weight, the weight's version, the cast)
         self.attn, self.mlp = layer.self_attn, layer.mlp
@@ -60,8 +66,19 @@ class StagedLayer:
         self._rotated_slabs = Slabs()  # they live through a stage among temporaries: packed, see Slabs
 
     @property
+    def input_groups(self) -> tuple[InputGroup, ...]:
+        """The layer's input groups, each expert's own included."""
+        if not self.experts:
+            return self.architecture.input_groups
+        return self.architecture.input_groups + tuple(g for e in range(self.num_experts) for g in self.experts.groups(e))
+
+    @property
     def stages(self) -> tuple[tuple[str, ...], ...]:
-        return self.architecture.stages
+        return tuple(group.linears for group in self.input_groups)
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        return tuple(name for stage in self.stages for name in stage)
 
     def linear(self, name: str) -> nn.Linear:
         return self.layer.get_submodule(name)
@@ -180,9 +197,27 @@ class StagedLayer:
     def output(self, residual: torch.Tensor, gated: torch.Tensor) -> torch.Tensor:
         return residual + self.apply(self.mlp.down_proj, gated)
 
+    @torch.no_grad()
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's picks for each token of an MoE layer: (expert indices, their weights), [tokens, top k]. The
+        router runs as transformers' does, in float32 (it is never quantized)."""
+        _, weights, indices = self.layer.get_submodule(f"{self.experts.block}.{self.experts.router}")(x)
+        return indices, weights
+
+    def expert_linear(self, expert: int, which: str) -> nn.Linear:
+        return self.linear(self.experts.linear(expert, getattr(self.experts, which)))
+
+    @torch.no_grad()
+    def expert_core(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """act(gate(x)) * up(x) of one expert: its down projection's input."""
+        act = self.layer.get_submodule(f"{self.experts.block}.experts.{expert}").act_fn
+        return act(self.apply(self.expert_linear(expert, "gate"), x)) * self.apply(self.expert_linear(expert, "up"), x)
+
     def forward(self, hidden: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """The whole layer for one sample, stage after stage."""
         residual = self.attention_output(hidden, self.attention_core(self.attention_input(hidden), rotary))
+        if self.experts:
+            return _run_experts(self, [self.mlp_input(residual)], [residual], lambda *_: None, list)[0]
         return self.output(residual, self.mlp_core(self.mlp_input(residual)))
 
 
@@ -249,12 +284,48 @@ def _run_streams(streams: list[tuple[StagedLayer, Activations, list[Rotary]]], b
                 for (layer, hidden, _), att in zip(streams, attended)]
     del attended
     x = [keep(layer.mlp_input(r) for r in res) for (layer, _, _), res in zip(streams, residual)]
+    if streams[0][0].experts:
+        if len(streams) > 1:
+            raise ValueError("a full-precision reference stream is not supported on MoE layers (the method refuses first)")
+        return [_run_experts(streams[0][0], x[0], residual[0],
+                             lambda names, inputs, res: before_stage(names, [inputs], res), keep)]
     before_stage(stages[2], x, None)
     gated = [keep(layer.mlp_core(xi) for xi in xs) for (layer, _, _), xs in zip(streams, x)]
     del x
     before_stage(stages[3], gated, residual[0])
     return [keep(layer.output(r, g) for r, g in zip(res, gat))
             for (layer, _, _), res, gat in zip(streams, residual, gated)]
+
+
+def _run_experts(staged: StagedLayer, x: Activations, residual: Activations, before_stage: StageHook,
+                 keep: Keep) -> Activations:
+    """An MoE layer's experts one after the other, each stage's hook seeing the tokens routed to that expert.
+    An expert routed fewer tokens than its input width (its Hessian would be singular: a starved expert) is
+    calibrated on every token of the layer instead (forced routing), and listed in staged.forced_experts; its
+    output still counts only for the tokens the router sent it. The down projections' hooks get no residual:
+    the routing weight, not the stream alone, scales their error."""
+    routes = [staged.route(xi) for xi in x]
+    outputs = [torch.zeros_like(r) for r in residual]
+    staged.routed_tokens, staged.forced_experts = [], []
+    groups = staged.input_groups[len(staged.architecture.input_groups):]
+    for expert in range(staged.num_experts):
+        up_group, down_group = groups[2 * expert], groups[2 * expert + 1]
+        picks = [torch.where(indices == expert) for indices, _ in routes]
+        routed = sum(len(tokens) for tokens, _ in picks)
+        staged.routed_tokens.append(routed)
+        forced = routed < staged.expert_linear(expert, "gate").in_features
+        if forced:
+            staged.forced_experts.append(expert)
+        inputs = x if forced else keep(xi[tokens] for xi, (tokens, _) in zip(x, picks))
+        before_stage(up_group.linears, inputs, None)
+        gated = keep(staged.expert_core(expert, xi) for xi in inputs)
+        before_stage(down_group.linears, gated, None)
+        down = staged.expert_linear(expert, "down")
+        for out, g, (tokens, slot), (_, weights) in zip(outputs, gated, picks, routes):
+            if len(tokens):
+                y = staged.apply(down, g[tokens] if forced else g) * weights[tokens, slot, None]
+                out.index_add_(0, tokens, y)
+    return keep(r + out for r, out in zip(residual, outputs))
 
 
 def evenly_spaced(count: int, total: int) -> list[int]:

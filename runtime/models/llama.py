@@ -49,6 +49,9 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, config: dict, attention_bias: bool, o_proj_bias: bool = False) -> LlamaConfig:
         architecture = architecture_of(config)
+        if architecture.experts:
+            raise QuantkitError(f"the runtime does not run mixture-of-experts models ({architecture.name}) yet",
+                                hint="serve the checkpoint with vLLM, which loads its per-expert layout")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
         if rope_type not in architecture.rope_types:

@@ -51,19 +51,22 @@ class AWQ(QuantMethod):
         options = self.options
         observed: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-        lengths = sample_lengths(rotary)
         # with descent_weighted, the descent's own Hessians (per KV head for v_proj), tokens weighted as GPTQ's
         descent_hessians: dict[str, list[torch.Tensor]] = {}
 
         def observe(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
-            x_mean = sum(x.abs().sum(dim=0) for x in inputs) / sum(lengths)
+            # an MoE expert's stages see only the tokens routed to it: count what came
+            tokens, abs_sum = 0, 0
+            for x in inputs:
+                tokens, abs_sum = tokens + x.shape[0], abs_sum + x.abs().sum(dim=0)
+            x_mean = abs_sum / tokens
             observed[names] = (gptq.input_hessian(inputs, dtype=self.hessian_dtype), x_mean)
             if options.coordinate_descent and options.descent_weighted:
                 descent_hessians.update(self._weighted_hessians(staged, names, inputs, residual, rotary,
                                                                 self.hessian_dtype))
 
         result = LayerResult(outputs=run_stages(staged, hidden, rotary, observe, self.keep))
-        originals = {n: staged.linear(n).weight.detach().float().clone() for n in staged.architecture.linears}
+        originals = {n: staged.linear(n).weight.detach().float().clone() for n in staged.linears}
         col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
         row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
         hessians = {}
@@ -125,7 +128,7 @@ class AWQ(QuantMethod):
         """What each stage's input scales fold into (the architecture's declaration). A linear takes them only
         where its outputs are the stage's inputs one for one: v -> o not with grouped KV heads."""
         previous = []
-        for group in staged.architecture.input_groups:
+        for group in staged.input_groups:
             prev = group.scales_into
             if prev is not None and isinstance(staged.layer.get_submodule(prev), torch.nn.Linear):
                 if staged.linear(prev).weight.shape[0] != staged.linear(group.linears[0]).weight.shape[1]:

@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from quantkit.algorithms import awq
+from quantkit.architectures import Architecture
 from quantkit.algorithms.rtn import fake_quantize
 from quantkit.compute_dtype import resolve_compute_dtype
 from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
@@ -98,6 +99,11 @@ class QuantMethod:
     @classmethod
     def check_weights(cls, weights: WeightsSpec) -> None:
         """Raise ValueError (the recipe's validation error) for a weight scheme the method cannot make."""
+
+    @classmethod
+    def check_architecture(cls, options: MethodOptions, architecture: Architecture) -> str | None:
+        """None, or why the method with these options cannot quantize this architecture (refused before any work)."""
+        return None
 
     @classmethod
     def checkpoint_scheme(cls, recipe: Recipe) -> CheckpointScheme:

@@ -116,6 +116,12 @@ class GPTQ(QuantMethod):
         return replace(super().checkpoint_scheme(recipe), act_order="static" if options.act_order else None,
                        dampening=options.dampening)
 
+    @classmethod
+    def check_architecture(cls, options: GPTQOptions, architecture) -> str | None:
+        if options.fp_targets and architecture.experts:
+            return "fp_targets (a full-precision stream beside the quantized one) is not supported on MoE layers"
+        return None
+
     def reference_picks(self, num_samples: int) -> list[int] | None:
         options = self.options
         return evenly_spaced(options.fp_target_samples, num_samples) if options.fp_targets > 0 else None

@@ -18,7 +18,7 @@ class RTN(QuantMethod):
 
     def quantize_layer(self, staged, hidden=None, rotary=None, reference_hidden=None) -> LayerResult:
         result = LayerResult(outputs=None)
-        for name in self.targets(staged.architecture.linears):
+        for name in self.targets(staged.linears):
             result.quantized[name] = rtn_quantize(staged.linear(name).weight.detach(), self.scheme)
             result.reports.append(LinearReport(f"{self.prefix}.{name}", "rtn", None, None))
         return result
