@@ -199,7 +199,8 @@ def describe_model(path: Path) -> ModelInfo:
     from quantkit.architectures import architecture_of
 
     config = load_config(path)
-    linears = architecture_of(config.to_dict(), str(path)).layer_linears(config.to_dict())
+    architecture = architecture_of(config.to_dict(), str(path))
+    linears = {architecture.stored_name(n) for n in architecture.layer_linears(config.to_dict())}
     shapes = _tensor_shapes(path)
     quantizable = {name: shape for name, shape in shapes.items() if _is_quantizable(name, linears)}
     fits, misfits = [], {}
@@ -234,7 +235,7 @@ def _tensor_shapes(path: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def _is_quantizable(name: str, linears: tuple[str, ...]) -> bool:
+def _is_quantizable(name: str, linears: set[str]) -> bool:
     """The declared linears' weights inside decoder layers; embeddings, norms and lm_head stay in high precision."""
     return ".layers." in name and name.endswith(".weight") and _strip_layer_index(name) in linears
 
@@ -272,7 +273,9 @@ def load_model(path: Path, dtype=None):
     from quantkit.architectures import architecture_of
     from quantkit.architectures.moe import unfuse_experts
 
-    unfuse_experts(model, architecture_of(config_json, str(path)), config)  # experts under their stored names
+    architecture = architecture_of(config_json, str(path))
+    unfuse_experts(model, architecture, config)  # experts as their stored linears
+    state = {architecture.memory_name(name): tensor for name, tensor in state.items()}
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta]

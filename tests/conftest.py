@@ -30,12 +30,12 @@ CORPUS = [
 def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, architecture: str = "llama",
                      kv_heads: int = 2) -> Path:
     """A random Llama-family model with a small BPE tokenizer: llama, llama3 (Llama 3.x rope scaling), qwen2
-    (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), qwen3_moe (four
-    experts, two per token) or mistral."""
+    (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), mistral, or the
+    MoE qwen3_moe and mixtral (four experts, two per token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                               PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                              MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -49,6 +49,7 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
     config_type, model_type = {"llama": (LlamaConfig, LlamaForCausalLM), "llama3": (LlamaConfig, LlamaForCausalLM),
                                "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                                "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+                               "mixtral": (MixtralConfig, MixtralForCausalLM),
                                "mistral": (MistralConfig, MistralForCausalLM)}[architecture]
     extra = {}
     if architecture == "llama3":  # a short original context, so every regime of the scaling shows at 16 dims
@@ -58,6 +59,8 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
         extra["head_dim"] = 32
     if architecture == "qwen3_moe":  # four experts of width 64, two per token
         extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+    if architecture == "mixtral":  # four experts of width 128 (its intermediate_size), two per token
+        extra.update(num_local_experts=4, num_experts_per_tok=2)
     config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
                          max_position_embeddings=max_positions, tie_word_embeddings=True, **extra)

@@ -1,6 +1,6 @@
 """The Llama family: pre-norm decoder layers with rotary attention (grouped KV heads) and a SwiGLU MLP.
-Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Qwen3-MoE (sparse experts instead of the
-MLP) differ only in what is declared here."""
+Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Qwen3-MoE and Mixtral (sparse experts
+instead of the MLP) differ only in what is declared here."""
 
 from quantkit.architectures.spec import Architecture, Experts, InputGroup
 
@@ -22,5 +22,7 @@ QWEN3 = Architecture("qwen3", ("Qwen3ForCausalLM",), LLAMA_GROUPS, qk_norm=True)
 # Every decoder layer sparse (decoder_sparse_step 1, no mlp_only_layers: Qwen3-30B-A3B and -235B-A22B)
 QWEN3_MOE = Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ATTENTION_GROUPS, qk_norm=True,
                          experts=Experts("mlp", gate="gate_proj", up="up_proj", down="down_proj"))
+MIXTRAL = Architecture("mixtral", ("MixtralForCausalLM",), ATTENTION_GROUPS, sliding_window=True,
+                       experts=Experts("mlp", gate="w1", up="w3", down="w2", stored_block="block_sparse_moe"))
 
-DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE)
+DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, MIXTRAL)

@@ -6,6 +6,7 @@ Module names are relative to one decoder layer (``self_attn.q_proj``) unless the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -30,6 +31,8 @@ class Experts:
     up: str
     down: str
     router: str = "gate"  # within the block
+    # the block's name in the checkpoint where transformers renames it on load (Mixtral: block_sparse_moe)
+    stored_block: str | None = None
     count_key: str = "num_local_experts"  # the config.json keys for the number of experts and the top k
     top_k_key: str = "num_experts_per_tok"
 
@@ -67,6 +70,22 @@ class Architecture:
 
     def layer_linears(self, config: dict) -> tuple[str, ...]:
         return tuple(name for group in self.layer_groups(config) for name in group.linears)
+
+    def stored_name(self, name: str) -> str:
+        """A module or tensor name (full, or within a layer) as the checkpoint spells it."""
+        return self._rename(name, self.experts.block, self.experts.stored_block) if self._renamed else name
+
+    def memory_name(self, name: str) -> str:
+        """A checkpoint name as transformers' (and quantkit's) modules spell it."""
+        return self._rename(name, self.experts.stored_block, self.experts.block) if self._renamed else name
+
+    @property
+    def _renamed(self) -> bool:
+        return bool(self.experts and self.experts.stored_block and self.experts.stored_block != self.experts.block)
+
+    @staticmethod
+    def _rename(name: str, old: str, new: str) -> str:
+        return re.sub(rf"(^|\.layers\.\d+\.){re.escape(old)}\.", rf"\g<1>{new}.", name)
 
     @property
     def stages(self) -> tuple[tuple[str, ...], ...]:

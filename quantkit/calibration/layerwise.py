@@ -106,8 +106,9 @@ class LayerwiseModel:
     @contextmanager
     def _materialized(self, module: nn.Module, prefix: str) -> Iterator[nn.Module]:
         names = list(module.state_dict().keys())
-        tensors = self.store.load([f"{prefix}.{n}" for n in names])
-        state = {n: tensors[f"{prefix}.{n}"].to(self.dtype) for n in names}
+        stored = {n: self.architecture.stored_name(f"{prefix}.{n}") for n in names}  # Mixtral's block is renamed
+        tensors = self.store.load(list(stored.values()))
+        state = {n: tensors[stored[n]].to(self.dtype) for n in names}
         module.load_state_dict(state, assign=True)
         try:
             yield module

@@ -107,9 +107,14 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
                 module, kind = name.rsplit(".", 1)
                 if module not in done.quantized or kind != "weight":  # a quantized linear's bias stays dense
                     dense[f"{prefix}.{name}"] = tensor.detach().to(dtype).clone()
-            sink(dense, {f"{prefix}.{n}": w for n, w in done.quantized.items()})
-            summary.ignored += [f"{prefix}.{n}" for n, m in layer.named_modules()
+            # the checkpoint's names (Mixtral's MoE block is stored under another name than transformers gives it)
+            stored = architecture.stored_name
+            sink({stored(n): t for n, t in dense.items()},
+                 {stored(f"{prefix}.{n}"): w for n, w in done.quantized.items()})
+            summary.ignored += [stored(f"{prefix}.{n}") for n, m in layer.named_modules()
                                 if isinstance(m, torch.nn.Linear) and n not in done.quantized]
+            if architecture.experts:  # routers stay 16-bit: say so to loaders that would take them for linears
+                summary.ignored.append(stored(f"{prefix}.{architecture.experts.block}.{architecture.experts.router}"))
         summary.reports += done.reports
         del done, dense
         release_freed_memory(collect_cycles=False)  # else the heap fragments and resident memory grows layer by layer

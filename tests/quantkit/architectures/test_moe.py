@@ -1,4 +1,4 @@
-"""Qwen3-MoE end to end on a tiny random model: every expert quantized from the tokens routed to it, stored
+"""Qwen3-MoE and Mixtral end to end on tiny random models: every expert quantized from the tokens routed to it, stored
 per expert as vLLM loads it, read back by transformers + compressed-tensors with quantkit's logits; and an
 expert the router starves is calibrated on every token of its layer (forced routing), with a warning."""
 
@@ -16,6 +16,8 @@ from quantkit.quantize.run import QuantizeOptions, quantize
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
 
 EXPERTS, TOP_K = 4, 2
+# how each checkpoint names its MoE block and each expert's gate, up and down linears
+STORED = {"qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")), "mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
 SYMMETRIC = {"rtn-sym": "rtn", "awq-sym": "awq"}
 # transformers (5.25) cannot dequantize asymmetric pack-quantized experts ("Asymmetric quant requires zero-point
 # values" when it fuses them): the load check takes symmetric recipes, the asymmetric ones are read by quantkit
@@ -23,10 +25,10 @@ CONSUMER_RECIPES = ["rtn-sym", "gptq-w4a16-g64-sym", "awq-sym", "fp8-w8a8-dynami
 RECIPES = [*CONSUMER_RECIPES, "gptq-w4a16-g64", "awq-w4a16-g64"]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3-moe")
-    model = build_tiny_model(root / "model", architecture="qwen3_moe", max_positions=128)
+@pytest.fixture(scope="module", params=list(STORED))
+def built(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    model = build_tiny_model(root / "model", architecture=request.param, max_positions=128)
     data = write_jsonl(root / "calib.jsonl", chat_rows(24))
     calib = calibrate(CalibrateOptions(model=str(model), dataset=str(data), out=root / "calib", num_samples=12,
                                        max_seq_len=64))
@@ -36,22 +38,25 @@ def built(tmp_path_factory):
     results = {recipe: quantize(QuantizeOptions(
         model=str(model), recipe=str(root / f"{recipe}.yaml") if recipe in SYMMETRIC else recipe,
         calib=root / "calib", out=root / recipe)) for recipe in RECIPES}
-    return model, results, calib.samples.num_tokens
+    return model, results, calib.samples.num_tokens, request.param
 
 
 def test_experts_are_stored_one_by_one_and_the_router_stays_dense(built):
-    _, results, _ = built
-    tensors = load_file(results["gptq-w4a16-g64"].out / "model.safetensors")
+    _, results, _, architecture = built
+    block, linears = STORED[architecture]
+    path = results["gptq-w4a16-g64"].out
+    tensors = load_file(path / "model.safetensors")
     for expert in range(EXPERTS):
-        for linear in ("gate_proj", "up_proj", "down_proj"):
-            assert f"model.layers.1.mlp.experts.{expert}.{linear}.weight_packed" in tensors
-    assert tensors["model.layers.1.mlp.gate.weight"].dtype == torch.float32  # the tiny model's dtype
-    assert not any(name.startswith("model.layers.1.mlp.gate.weight_") for name in tensors)
+        for linear in linears:
+            assert f"model.layers.1.{block}.experts.{expert}.{linear}.weight_packed" in tensors
+    assert tensors[f"model.layers.1.{block}.gate.weight"].dtype == torch.float32  # the tiny model's dtype
+    assert not any(name.startswith(f"model.layers.1.{block}.gate.weight_") for name in tensors)
+    assert f"model.layers.1.{block}.gate" in json.loads((path / "config.json").read_text())["quantization_config"]["ignore"]
 
 
 @pytest.mark.parametrize("recipe", CONSUMER_RECIPES)
 def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe, monkeypatch):
-    model, results, _ = built
+    model, results, _, _ = built
     path = results[recipe].out
     options = {} if recipe.startswith("fp8") else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
     theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **options).eval()
@@ -72,7 +77,7 @@ def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe,
 
 @pytest.mark.parametrize("recipe", ["gptq-w4a16-g64", "awq-w4a16-g64"])
 def test_every_expert_is_calibrated_on_its_routed_tokens_and_beats_rounding(built, recipe):
-    _, results, num_tokens = built
+    _, results, num_tokens, _ = built
     result = results[recipe]
     routed = json.loads((result.out / "quantkit.json").read_text())["routed_tokens"]
     assert set(routed) == {"model.layers.0", "model.layers.1"}
@@ -113,7 +118,7 @@ def test_a_starved_expert_is_calibrated_on_every_token_and_said_so(tmp_path):
 @pytest.mark.parametrize("recipe, match", [("fp8-w8a8-static", "static FP8 input scales for MoE experts"),
                                            ("gptq-w4a16-g64-fp-targets", "fp_targets")])
 def test_what_moe_cannot_take_is_refused_before_any_work(built, tmp_path, recipe, match):
-    model, _, _ = built
+    model, _, _, _ = built
     with pytest.raises(QuantkitError, match=match):
         quantize(QuantizeOptions(model=str(model), recipe=recipe, dataset="support_chat_en", out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
@@ -122,6 +127,6 @@ def test_what_moe_cannot_take_is_refused_before_any_work(built, tmp_path, recipe
 def test_the_runtime_refuses_moe_in_one_line(built):
     from quantkit.runtime import LLM
 
-    model, _, _ = built
+    model, _, _, _ = built
     with pytest.raises(QuantkitError, match="does not run mixture-of-experts"):
         LLM(str(model), dtype="float32", max_model_len=64)
