@@ -30,12 +30,14 @@ CORPUS = [
 def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, architecture: str = "llama",
                      kv_heads: int = 2) -> Path:
     """A random Llama-family model with a small BPE tokenizer: llama, llama3 (Llama 3.x rope scaling), qwen2
-    (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), mistral, or the
+    (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), mistral, phi3
+    (q/k/v and gate/up fused in the checkpoint), or the
     MoE qwen3_moe and mixtral (four experts, two per token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                               PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                              MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -49,7 +51,7 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
     config_type, model_type = {"llama": (LlamaConfig, LlamaForCausalLM), "llama3": (LlamaConfig, LlamaForCausalLM),
                                "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                                "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-                               "mixtral": (MixtralConfig, MixtralForCausalLM),
+                               "mixtral": (MixtralConfig, MixtralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM),
                                "mistral": (MistralConfig, MistralForCausalLM)}[architecture]
     extra = {}
     if architecture == "llama3":  # a short original context, so every regime of the scaling shows at 16 dims
@@ -59,6 +61,8 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
         extra["head_dim"] = 32
     if architecture == "qwen3_moe":  # four experts of width 64, two per token
         extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+    if architecture == "phi3":  # its config would take token ids beyond this vocabulary
+        extra.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if architecture == "mixtral":  # four experts of width 128 (its intermediate_size), two per token
         extra.update(num_local_experts=4, num_experts_per_tok=2)
     config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,

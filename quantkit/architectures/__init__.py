@@ -16,6 +16,9 @@ def architecture_of(config: dict, where: str = "config.json") -> Architecture:
         raise QuantkitError(f"architecture {name} of {where} is not supported yet",
                             hint=f"supported: {', '.join(ARCHITECTURES)}")
     architecture = ARCHITECTURES[name]
+    if config.get("partial_rotary_factor", 1.0) != 1.0:
+        raise QuantkitError(f"{where}: rotary embedding on part of each head (partial_rotary_factor "
+                            f"{config['partial_rotary_factor']}) is not supported yet")
     if architecture.experts and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
         raise QuantkitError(f"{where}: {name} with dense MLP layers among the sparse ones is not supported yet",
                             hint="supported: every decoder layer sparse (decoder_sparse_step 1, no mlp_only_layers)")

@@ -1,5 +1,6 @@
 """The Llama family: pre-norm decoder layers with rotary attention (grouped KV heads) and a SwiGLU MLP.
-Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Qwen3-MoE and Mixtral (sparse experts
+Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Phi-3 (q/k/v and gate/up fused in the
+checkpoint) and Qwen3-MoE and Mixtral (sparse experts
 instead of the MLP) differ only in what is declared here."""
 
 from quantkit.architectures.spec import Architecture, Experts, InputGroup
@@ -25,4 +26,13 @@ QWEN3_MOE = Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ATTENTION_GROUPS
 MIXTRAL = Architecture("mixtral", ("MixtralForCausalLM",), ATTENTION_GROUPS, sliding_window=True,
                        experts=Experts("mlp", gate="w1", up="w3", down="w2", stored_block="block_sparse_moe"))
 
-DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, MIXTRAL)
+# q/k/v and gate/up fused in the checkpoint itself: nothing to fuse at load, and no previous op AWQ could scale for
+# o_proj or down_proj alone (v and up are only part of the fused outputs)
+PHI3 = Architecture("phi3", ("Phi3ForCausalLM",), (
+    InputGroup(("self_attn.qkv_proj",), scales_into="input_layernorm"),
+    InputGroup(("self_attn.o_proj",)),
+    InputGroup(("mlp.gate_up_proj",), scales_into="post_attention_layernorm"),
+    InputGroup(("mlp.down_proj",)),
+), sliding_window=True)
+
+DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, MIXTRAL, PHI3)

@@ -88,6 +88,16 @@ class Architecture:
         return re.sub(rf"(^|\.layers\.\d+\.){re.escape(old)}\.", rf"\g<1>{new}.", name)
 
     @property
+    def fused_qkv(self) -> bool:
+        """Whether the checkpoint itself stores q, k and v as one linear (Phi-3), in that order."""
+        return self.input_groups[0].linears == ("self_attn.qkv_proj",)
+
+    @property
+    def fused_gate_up(self) -> bool:
+        """Whether the checkpoint stores the MLP's gate and up as one linear (Phi-3), gate first."""
+        return not self.experts and self.input_groups[2].linears == ("mlp.gate_up_proj",)
+
+    @property
     def stages(self) -> tuple[tuple[str, ...], ...]:
         """The linears of each input group, in execution order."""
         return tuple(group.linears for group in self.input_groups)

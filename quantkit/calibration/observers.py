@@ -58,9 +58,17 @@ class LayerObserver:
             for name, m in layer.named_modules() if isinstance(m, nn.Linear)
         ]
         attn = layer.self_attn
-        keys = attn.k_norm if qk_norm else attn.k_proj
-        self._handles.append(keys.register_forward_hook(self._kv_hook(is_key=True)))
-        self._handles.append(attn.v_proj.register_forward_hook(self._kv_hook(is_key=False)))
+        if hasattr(attn, "qkv_proj"):  # q, k and v fused in one linear (Phi-3): slice k and v out of its output
+            q_size = attn.qkv_proj.out_features - 2 * num_kv_heads * head_dim
+            kv_size = num_kv_heads * head_dim
+            self._handles.append(attn.qkv_proj.register_forward_hook(
+                self._kv_hook(is_key=True, part=slice(q_size, q_size + kv_size))))
+            self._handles.append(attn.qkv_proj.register_forward_hook(
+                self._kv_hook(is_key=False, part=slice(q_size + kv_size, None))))
+        else:
+            keys = attn.k_norm if qk_norm else attn.k_proj
+            self._handles.append(keys.register_forward_hook(self._kv_hook(is_key=True)))
+            self._handles.append(attn.v_proj.register_forward_hook(self._kv_hook(is_key=False)))
 
     def set_rotary(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self._rotary = (cos, sin)
@@ -70,10 +78,12 @@ class LayerObserver:
             self.linears[name].update(args[0])
         return hook
 
-    def _kv_hook(self, is_key: bool):
+    def _kv_hook(self, is_key: bool, part: slice | None = None):
         def hook(module, args, output):
+            if part is not None:
+                output = output[..., part]
             batch, seq = output.shape[:2]  # [batch, seq, kv * dim], or [batch, seq, kv, dim] out of k_norm
-            states = output.detach().float().view(batch, seq, *self._shape).transpose(1, 2)
+            states = output.detach().float().reshape(batch, seq, *self._shape).transpose(1, 2)
             if is_key:
                 cos, sin = self._rotary
                 states = rotate_keys(states, cos.float(), sin.float())

@@ -45,8 +45,7 @@ class StagedLayer:
         result stay float32."""
         self.layer = layer
         self.architecture, self.window = architecture, window
-        mlp_stages = () if architecture.experts else STAGES[2:]
-        if list(STAGES[:2] + mlp_stages) != list(architecture.stages):
+        if len(architecture.input_groups) != (2 if architecture.experts else 4):
             raise ValueError(f"{architecture.name}: StagedLayer runs the Llama family's input groups only")
         self.experts = architecture.experts
         self.num_experts = len(layer.get_submodule(self.experts.block).experts) if self.experts else 0
@@ -109,7 +108,7 @@ class StagedLayer:
         """softmax(q k^T / sqrt(d)) v for one sample, causal, GQA; returns the o_proj input [tokens, heads*dim]."""
         tokens = x.shape[0]
         q, k = self._take_rotated(x) or self._rotated_qk(x, rotary)
-        v = self.apply(self.attn.v_proj, x).view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
+        v = self._project(x, "v").view(tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)[None]
         low = self.forward_dtype
         windowed = self.window is not None and tokens > self.window
         mask = _window_mask(0, tokens, self.window, 1, low)[None, None] if windowed else None
@@ -146,9 +145,19 @@ class StagedLayer:
 
     def _rotated_qk(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k after rotary, [1, heads, tokens, dim]."""
-        q = self._heads(self.apply(self.attn.q_proj, x), self.num_heads, "q_norm")
-        k = self._heads(self.apply(self.attn.k_proj, x), self.num_kv_heads, "k_norm")
+        q = self._heads(self._project(x, "q"), self.num_heads, "q_norm")
+        k = self._heads(self._project(x, "k"), self.num_kv_heads, "k_norm")
         return rotate_keys(q, *rotary), rotate_keys(k, *rotary)
+
+    def _project(self, x: torch.Tensor, which: str, exact: bool = False) -> torch.Tensor:
+        """q, k or v of x [tokens, width]: its own linear's output, or its slice of a fused qkv_proj (which this
+        computes whole each time: fine for what calibration runs it on). exact: in float32, not forward_dtype."""
+        if not self.architecture.fused_qkv:
+            linear = getattr(self.attn, f"{which}_proj")
+            return linear(x) if exact else self.apply(linear, x)
+        qkv = self.attn.qkv_proj(x) if exact else self.apply(self.attn.qkv_proj, x)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return dict(zip("qkv", qkv.split([q_size, kv_size, kv_size], dim=-1)))[which]
 
     def _heads(self, projected: torch.Tensor, heads: int, norm: str) -> torch.Tensor:
         """[tokens, heads * dim] -> [1, heads, tokens, dim], each head normed first where the architecture
@@ -160,7 +169,8 @@ class StagedLayer:
 
     def _qk_weights(self) -> tuple[tuple[int, int], ...]:
         """Where the q/k weights live and their in-place version: changes when a method replaces or edits them."""
-        return tuple((w.data_ptr(), w._version) for w in (self.attn.q_proj.weight, self.attn.k_proj.weight))
+        linears = (self.attn.qkv_proj,) if self.architecture.fused_qkv else (self.attn.q_proj, self.attn.k_proj)
+        return tuple((linear.weight.data_ptr(), linear.weight._version) for linear in linears)
 
     def _take_rotated(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The q and k attention_received made from this very x, if the q/k weights are still the ones it used."""
@@ -176,8 +186,8 @@ class StagedLayer:
         """Largest |K| (after rotary, as a KV cache stores keys) and |V| for one sample: what FP8
         KV-cache scales are made of."""
         x = self.attention_input(hidden)
-        k = rotate_keys(self._heads(self.attn.k_proj(x), self.num_kv_heads, "k_norm"), *rotary)
-        return float(k.abs().max()), float(self.attn.v_proj(x).abs().max())
+        k = rotate_keys(self._heads(self._project(x, "k", exact=True), self.num_kv_heads, "k_norm"), *rotary)
+        return float(k.abs().max()), float(self._project(x, "v", exact=True).abs().max())
 
     @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -191,6 +201,9 @@ class StagedLayer:
     @torch.no_grad()
     def mlp_core(self, x: torch.Tensor) -> torch.Tensor:
         """act(gate(x)) * up(x): the down_proj input."""
+        if self.architecture.fused_gate_up:
+            gate, up = self.apply(self.mlp.gate_up_proj, x).chunk(2, dim=-1)
+            return self.mlp.activation_fn(gate) * up
         return self.mlp.act_fn(self.apply(self.mlp.gate_proj, x)) * self.apply(self.mlp.up_proj, x)
 
     @torch.no_grad()

@@ -18,7 +18,7 @@ from quantkit.quantize.staged import StagedLayer
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
 from tests.runtime.conftest import TEXTS, first_token_logits, hf_greedy
 
-ARCHITECTURES = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+ARCHITECTURES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3"]
 INT4_RECIPES = ["rtn-w4a16-g64", "gptq-w4a16-g64", "awq-w4a16-g64"]
 RECIPES = [*INT4_RECIPES, "fp8-w8a8-static"]
 
