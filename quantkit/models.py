@@ -287,5 +287,6 @@ def load_model(path: Path, dtype=None):
     from quantkit.formats.quantized import Fp8Weight
 
     # W8A8: the inputs are quantized too, or the model would be scored as weight-only FP8.
-    quantize_linear_inputs(model, {n: w for n, w in quantized.items() if isinstance(w, Fp8Weight)})
+    quantize_linear_inputs(model, {architecture.memory_name(n): w for n, w in quantized.items()
+                                   if isinstance(w, Fp8Weight)})
     return model.eval()

@@ -28,7 +28,7 @@ CORPUS = [
 
 
 def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, architecture: str = "llama",
-                     kv_heads: int = 2) -> Path:
+                     kv_heads: int = 2, heads: int = 4) -> Path:
     """A random Llama-family model with a small BPE tokenizer: llama, llama3 (Llama 3.x rope scaling), qwen2
     (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), mistral, phi3
     (q/k/v and gate/up fused in the checkpoint), or the
@@ -66,7 +66,7 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
     if architecture == "mixtral":  # four experts of width 128 (its intermediate_size), two per token
         extra.update(num_local_experts=4, num_experts_per_tok=2)
     config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=max_positions, tie_word_embeddings=True, **extra)
     torch.manual_seed(0)
     model = model_type(config)

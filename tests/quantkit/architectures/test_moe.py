@@ -66,8 +66,12 @@ def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe,
         from quantkit.eval import fp8_inputs
 
         quantize_inputs = fp8_inputs.quantize_linear_inputs
+        simulated = load_model(path)  # experts' inputs quantized too, under the model's own module names
         monkeypatch.setattr(fp8_inputs, "quantize_linear_inputs", lambda model, weights: quantize_inputs(
             model, {name: w for name, w in weights.items() if ".experts." not in name}))
+        with torch.no_grad():
+            assert not torch.allclose(simulated(torch.tensor([[5, 6, 7]])).logits,
+                                      load_model(path)(torch.tensor([[5, 6, 7]])).logits, atol=1e-5)
     ours = load_model(path)
     tokens = torch.randint(3, 390, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
