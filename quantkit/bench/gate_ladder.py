@@ -29,8 +29,9 @@ from quantkit.eval.gates import POOLED, TOKEN_METRICS
 from quantkit.outdir import atomic_output_dir
 
 GROUP_SIZE = 64  # fits every SmolLM2 linear (576 and 1536 inputs); 128 does not
-# What `make demo` calibrates GPTQ on. quantize's --dataset path draws the same samples as `quantkit calibrate`
-# (same sampler and seed) without collecting the statistics GPTQ does not read.
+# What the ladder calibrates GPTQ on: the synthetic support chat `make demo` used when the ladder in
+# docs/evaluation.md was measured (the demo now takes real text, wiki_rag_en). quantize's --dataset path draws
+# the same samples as `quantkit calibrate` (same sampler and seed) without the statistics GPTQ does not read.
 CALIB_DATASET, CALIB_SAMPLES, CALIB_SEQ_LEN = "support_chat_en", 32, 512
 BUILD_RECORD = "gate-candidate.json"  # written last: a candidate directory that holds it is complete
 TASK_METRICS = ("accuracy_drop_points",)
