@@ -251,6 +251,15 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
+def restore_embedding_scale(embed) -> None:
+    """Gemma multiplies its embeddings by sqrt(hidden) from a buffer it computes, not stores: on a skeleton
+    built on the meta device it is left there. Other embeddings have none."""
+    import torch
+
+    if getattr(embed, "embed_scale", None) is not None and embed.embed_scale.is_meta:
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
+
+
 def load_model(path: Path, dtype=None):
     """A transformers model for evaluation: a plain HF directory as stored, or a compressed-tensors, AutoAWQ
     or GPTQ checkpoint with every quantized weight dequantized (our own reading of each format, independent
@@ -283,6 +292,7 @@ def load_model(path: Path, dtype=None):
         raise QuantkitError(f"checkpoint {path} lacks weights: {', '.join(missing[:3])}")
     # Buffers such as the rotary inverse frequencies are computed, not stored: rebuild them on CPU.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    restore_embedding_scale(model.model.embed_tokens)
     from quantkit.eval.fp8_inputs import quantize_linear_inputs
     from quantkit.formats.quantized import Fp8Weight
 

@@ -31,13 +31,13 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
                      kv_heads: int = 2, heads: int = 4) -> Path:
     """A random Llama-family model with a small BPE tokenizer: llama, llama3 (Llama 3.x rope scaling), qwen2
     (q/k/v biases), qwen3 (per-head q/k norms, head_dim 32 so q is wider than the hidden size), mistral, phi3
-    (q/k/v and gate/up fused in the checkpoint), or the
+    (q/k/v and gate/up fused in the checkpoint), gemma3 (sandwich norms, a local and a global layer), or the
     MoE qwen3_moe and mixtral (four experts, two per token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                               PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM)
+                              Gemma3ForCausalLM, Gemma3TextConfig, MixtralConfig, MixtralForCausalLM, Phi3Config,
+                              Phi3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -52,6 +52,7 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
                                "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                                "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
                                "mixtral": (MixtralConfig, MixtralForCausalLM), "phi3": (Phi3Config, Phi3ForCausalLM),
+                               "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
                                "mistral": (MistralConfig, MistralForCausalLM)}[architecture]
     extra = {}
     if architecture == "llama3":  # a short original context, so every regime of the scaling shows at 16 dims
@@ -63,6 +64,9 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
         extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
     if architecture == "phi3":  # its config would take token ids beyond this vocabulary
         extra.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if architecture == "gemma3":  # a local layer (window 8 tokens, its own rope base) and a global one
+        extra.update(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                     layer_types=["full_attention" if i % 2 else "sliding_attention" for i in range(layers)])
     if architecture == "mixtral":  # four experts of width 128 (its intermediate_size), two per token
         extra.update(num_local_experts=4, num_experts_per_tok=2)
     config = config_type(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
@@ -76,6 +80,8 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
                 parameter.normal_(0, 0.5)
             elif name.endswith(("q_norm.weight", "k_norm.weight")):
                 parameter.uniform_(0.5, 1.5)
+            elif architecture == "gemma3" and name.endswith("norm.weight"):  # Gemma scales by 1 + w, w = 0 at init
+                parameter.uniform_(-0.5, 0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -1,6 +1,6 @@
 """The Llama family: pre-norm decoder layers with rotary attention (grouped KV heads) and a SwiGLU MLP.
 Llama 1-3.x, SmolLM2, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Phi-3 (q/k/v and gate/up fused in the
-checkpoint) and Qwen3-MoE and Mixtral (sparse experts
+checkpoint), Gemma 3 (sandwich norms, local and global layers) and Qwen3-MoE and Mixtral (sparse experts
 instead of the MLP) differ only in what is declared here."""
 
 from quantkit.architectures.spec import Architecture, Experts, InputGroup
@@ -35,4 +35,12 @@ PHI3 = Architecture("phi3", ("Phi3ForCausalLM",), (
     InputGroup(("mlp.down_proj",)),
 ), sliding_window=True)
 
-DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, MIXTRAL, PHI3)
+# Gemma 3 (text): sandwich norms of the form x * (1 + w), q/k norms, GeLU-tanh MLP, scaled embeddings (inside
+# transformers' embedding module), local layers with a sliding window and their own rope base (layer_types)
+GEMMA3 = Architecture("gemma3", ("Gemma3ForCausalLM",), (
+    LLAMA_GROUPS[0], LLAMA_GROUPS[1],
+    InputGroup(("mlp.gate_proj", "mlp.up_proj"), fused_as="mlp.gate_up_proj", scales_into="pre_feedforward_layernorm"),
+    LLAMA_GROUPS[3],
+), qk_norm=True, sliding_window=True, sandwich_norms=True, norm_offset=1.0)
+
+DECLARATIONS = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, MIXTRAL, PHI3, GEMMA3)

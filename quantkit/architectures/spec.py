@@ -59,6 +59,20 @@ class Architecture:
     sliding_window: bool = False
     # a sparse MoE block instead of the MLP (the input groups then declare the attention's only)
     experts: Experts | None = None
+    # Gemma: attention and MLP outputs normed before they join the residual stream (post_attention_layernorm,
+    # post_feedforward_layernorm), and the MLP's input normed by pre_feedforward_layernorm
+    sandwich_norms: bool = False
+    # what RMSNorm adds to its weight before scaling (Gemma: x * (1 + w)); AWQ folds scales into 1 + w
+    norm_offset: float = 0.0
+
+    def layer_window(self, config: dict, index: int) -> int | None:
+        """The attention window of one decoder layer: configs with layer_types (Gemma 3) bound only their
+        "sliding_attention" layers."""
+        window = self.window(config)
+        types = config.get("layer_types")
+        if window and types and types[index] != "sliding_attention":
+            return None
+        return window
 
     def num_experts(self, config: dict) -> int:
         return int(config[self.experts.count_key]) if self.experts else 0

@@ -7,6 +7,7 @@ activations, which is what makes calibrating a model larger than RAM possible.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from torch import nn
 from quantkit.architectures import architecture_of
 from quantkit.architectures.moe import unfuse_experts
 from quantkit.errors import QuantkitError
-from quantkit.models import load_config
+from quantkit.models import load_config, restore_embedding_scale
 
 
 class WeightStore:
@@ -74,6 +75,7 @@ class LayerwiseModel:
         self.decoder = self.skeleton.model
         # The rotary embedding has only computed buffers, no weights: build a real one on CPU.
         self.rotary = type(self.decoder.rotary_emb)(config=self.config)
+        restore_embedding_scale(self.decoder.embed_tokens)
 
     @property
     def num_layers(self) -> int:
@@ -88,9 +90,18 @@ class LayerwiseModel:
             for ids in input_ids:
                 yield embed(torch.tensor([ids]))
 
-    def position_embeddings(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def position_embeddings(self, hidden: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos/sin for [1, tokens, ...]; layer: whose tables, where layers differ (see rotary_kind)."""
         positions = torch.arange(hidden.shape[1]).unsqueeze(0)
-        return self.rotary(hidden, positions)
+        kind = None if layer is None else self.rotary_kind(layer)
+        return self.rotary(hidden, positions) if kind is None else self.rotary(hidden, positions, kind)
+
+    def rotary_kind(self, layer: int) -> str | None:
+        """The key of a layer's rotary tables where a model keeps several (Gemma 3: local and global layers
+        differ in rope base), else None: every layer shares one."""
+        if "layer_type" not in inspect.signature(self.rotary.forward).parameters:
+            return None
+        return self.config.layer_types[layer]
 
     @contextmanager
     def layer(self, index: int) -> Iterator[nn.Module]:
@@ -98,9 +109,16 @@ class LayerwiseModel:
             yield layer
 
     def run_layer(self, layer: nn.Module, hidden: torch.Tensor,
-                  rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                  rotary: tuple[torch.Tensor, torch.Tensor], window: int | None = None) -> torch.Tensor:
+        """One sample [1, tokens, hidden] through a layer: causal attention (no mask needed), bounded to
+        ``window`` tokens where the layer has a sliding window shorter than the sample."""
+        mask = None
+        tokens = hidden.shape[1]
+        if window is not None and tokens > window:
+            query, key = torch.arange(tokens)[:, None], torch.arange(tokens)[None, :]
+            mask = ((key <= query) & (key > query - window))[None, None]
         with torch.no_grad():
-            out = layer(hidden, position_embeddings=rotary, attention_mask=None)
+            out = layer(hidden, position_embeddings=rotary, attention_mask=mask)
         return out[0] if isinstance(out, tuple) else out
 
     @contextmanager

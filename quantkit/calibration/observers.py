@@ -45,7 +45,8 @@ class LayerObserver:
     """Hooks one decoder layer; call ``set_rotary`` before each forward so keys can be rotated."""
 
     def __init__(self, layer: nn.Module, prefix: str, num_kv_heads: int, head_dim: int, qk_norm: bool = False):
-        """qk_norm: keys are normed per head after k_proj (Qwen3); the cache stores them normed, then rotated."""
+        """qk_norm: keys are normed per head after k_proj (Qwen3, Gemma 3); the cache stores them normed, then
+        rotated."""
         self.prefix = prefix
         self.linears = {name: ChannelStats.empty(m.in_features)
                         for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
@@ -66,9 +67,11 @@ class LayerObserver:
             self._handles.append(attn.qkv_proj.register_forward_hook(
                 self._kv_hook(is_key=False, part=slice(q_size + kv_size, None))))
         else:
-            keys = attn.k_norm if qk_norm else attn.k_proj
-            self._handles.append(keys.register_forward_hook(self._kv_hook(is_key=True)))
+            self._handles.append(attn.k_proj.register_forward_hook(self._kv_hook(is_key=True)))
             self._handles.append(attn.v_proj.register_forward_hook(self._kv_hook(is_key=False)))
+        # keys are normed per head before rotary (Qwen3, Gemma 3): norm them here as the layer does (an RMSNorm
+        # over each head's vector, whatever layout the layer calls it on)
+        self._key_norm = attn.k_norm if qk_norm else None
 
     def set_rotary(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self._rotary = (cos, sin)
@@ -82,8 +85,11 @@ class LayerObserver:
         def hook(module, args, output):
             if part is not None:
                 output = output[..., part]
-            batch, seq = output.shape[:2]  # [batch, seq, kv * dim], or [batch, seq, kv, dim] out of k_norm
-            states = output.detach().float().reshape(batch, seq, *self._shape).transpose(1, 2)
+            batch, seq, _ = output.shape
+            states = output.detach().float().reshape(batch, seq, *self._shape)
+            if is_key and self._key_norm is not None:
+                states = self._key_norm(states).float()
+            states = states.transpose(1, 2)
             if is_key:
                 cos, sin = self._rotary
                 states = rotate_keys(states, cos.float(), sin.float())

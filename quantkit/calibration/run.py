@@ -112,18 +112,22 @@ def collect_statistics(model: LayerwiseModel, input_ids: list[list[int]],
     Samples run one by one (no padding, so no padding mask is needed); each layer's outputs are the
     next layer's inputs, so only one layer's weights and one set of activations live at a time."""
     config = model.config
-    qk_norm = architecture_of(config.to_dict()).qk_norm
+    architecture = architecture_of(config.to_dict())
     hidden = model.embed(input_ids)
-    rotary = [model.position_embeddings(h) for h in hidden]
+    rotary_tables = {}  # by the layers' rotary kind (LayerwiseModel.rotary_kind)
     stats: dict[str, torch.Tensor] = {}
     for index in range(model.num_layers):
+        kind = model.rotary_kind(index)
+        if kind not in rotary_tables:
+            rotary_tables[kind] = [model.position_embeddings(h, index) for h in hidden]
+        rotary = rotary_tables[kind]
         with model.layer(index) as layer:
             observer = LayerObserver(layer, f"model.layers.{index}", config.num_key_value_heads, head_dim(config),
-                                     qk_norm=qk_norm)
+                                     qk_norm=architecture.qk_norm)
             try:
                 for j, h in enumerate(hidden):
                     observer.set_rotary(*rotary[j])
-                    hidden[j] = model.run_layer(layer, h, rotary[j])
+                    hidden[j] = model.run_layer(layer, h, rotary[j], architecture.layer_window(config.to_dict(), index))
             finally:
                 observer.remove()
         stats.update(observer.tensors())

@@ -68,8 +68,8 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     activations = activations or InMemory()
     model = LayerwiseModel(model_path)
     config = model.config
-    architecture = architecture_of(config.to_dict(), str(model_path))
-    window = architecture.window(config.to_dict())
+    config_dict = config.to_dict()
+    architecture = architecture_of(config_dict, str(model_path))
     # The layer-wise model computes in float32 (and says so in its config); the checkpoint keeps the
     # source's dtype for dense tensors and scales.
     dtype = stored_dtype(model_path)
@@ -80,7 +80,7 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     hidden = rotary = reference_hidden = None
     if recipe.needs_calibration:
         hidden = activations.keep(h[0] for h in model.embed_each(samples))
-        rotary = _rotary_by_sample(model, samples)
+        rotary_tables = {}  # by rotary_kind: layers of one kind share their tables
         # The full-precision model's hidden states, for methods that fit its outputs (GPTQ fp_targets), on
         # the samples they ask for.
         picks = reference_picks(recipe, len(samples))
@@ -89,11 +89,16 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     summary = QuantizeSummary()
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
+        if recipe.needs_calibration:
+            kind = model.rotary_kind(index)
+            if kind not in rotary_tables:
+                rotary_tables[kind] = _rotary_by_sample(model, samples, index)
+            rotary = rotary_tables[kind]
         with model.layer(index) as layer:
             method = method_class(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
                                  reuse_rotated=not activations.offloaded, forward_dtype=method.forward_dtype(),
-                                 architecture=architecture, window=window)
+                                 architecture=architecture, window=architecture.layer_window(config_dict, index))
             done = method.quantize_layer(staged, hidden, rotary, reference_hidden=reference_hidden)
             dense = {}
             if recipe.kv_cache_scheme is not None:
@@ -148,13 +153,14 @@ def reference_picks(recipe: Recipe, num_samples: int) -> list[int] | None:
     return recipe.method_class(recipe, "model.layers.0").reference_picks(num_samples)
 
 
-def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each sample's rotary cos/sin in the model's compute dtype. They depend on positions only, so samples
-    of one length share them."""
+def _rotary_by_sample(model: LayerwiseModel, samples: list[list[int]],
+                      layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sample's rotary cos/sin for one layer, in the model's compute dtype. They depend on positions only,
+    so samples of one length share them."""
     by_length = {}
     for ids in samples:
         if len(ids) not in by_length:
-            by_length[len(ids)] = model.position_embeddings(torch.zeros(1, len(ids), 1, dtype=model.dtype))
+            by_length[len(ids)] = model.position_embeddings(torch.zeros(1, len(ids), 1, dtype=model.dtype), layer)
     return [by_length[len(ids)] for ids in samples]
 
 

@@ -192,10 +192,15 @@ class StagedLayer:
     @torch.no_grad()
     def attention_output(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention."""
-        return hidden + self.apply(self.attn.o_proj, attended)
+        out = self.apply(self.attn.o_proj, attended)
+        if self.architecture.sandwich_norms:
+            out = self.layer.post_attention_layernorm(out)
+        return hidden + out
 
     @torch.no_grad()
     def mlp_input(self, residual: torch.Tensor) -> torch.Tensor:
+        if self.architecture.sandwich_norms:
+            return self.layer.pre_feedforward_layernorm(residual)
         return self.layer.post_attention_layernorm(residual)
 
     @torch.no_grad()
@@ -208,7 +213,10 @@ class StagedLayer:
 
     @torch.no_grad()
     def output(self, residual: torch.Tensor, gated: torch.Tensor) -> torch.Tensor:
-        return residual + self.apply(self.mlp.down_proj, gated)
+        out = self.apply(self.mlp.down_proj, gated)
+        if self.architecture.sandwich_norms:
+            out = self.layer.post_feedforward_layernorm(out)
+        return residual + out
 
     @torch.no_grad()
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

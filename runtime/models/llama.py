@@ -49,6 +49,9 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, config: dict, attention_bias: bool, o_proj_bias: bool = False) -> LlamaConfig:
         architecture = architecture_of(config)
+        if architecture.sandwich_norms:
+            raise QuantkitError(f"the runtime does not run {architecture.name} (sandwich norms, local/global layers) "
+                                "yet", hint="serve the checkpoint with vLLM")
         if architecture.experts:
             raise QuantkitError(f"the runtime does not run mixture-of-experts models ({architecture.name}) yet",
                                 hint="serve the checkpoint with vLLM, which loads its per-expert layout")

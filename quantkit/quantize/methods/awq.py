@@ -147,8 +147,13 @@ class AWQ(QuantMethod):
                 if previous.bias is not None:
                     previous.bias.div_(scales.to(previous.bias.dtype))
                 row_scale[prev] = row_scale[prev] * scales  # rows were divided by s: multiply back
-            else:  # RMSNorm: y = w * x / rms(x)
+            else:  # RMSNorm: y = (offset + w) * x / rms(x), offset 1 in Gemma's
+                offset = staged.architecture.norm_offset
+                if offset:
+                    previous.weight.add_(offset)
                 previous.weight.div_(scales.to(previous.weight.dtype))
+                if offset:
+                    previous.weight.sub_(offset)
             for name in names:
                 linear = staged.linear(name)
                 linear.weight.mul_(scales[None, :].to(linear.weight.dtype))

@@ -12,13 +12,15 @@ from safetensors.torch import load_file
 from quantkit.architectures import architecture_of
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.calibration.run import CalibrateOptions, calibrate, load_samples
+from quantkit.errors import QuantkitError
 from quantkit.models import head_dim, load_model, load_tokenizer
 from quantkit.quantize.run import QuantizeOptions, quantize
 from quantkit.quantize.staged import StagedLayer
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
 from tests.runtime.conftest import TEXTS, first_token_logits, hf_greedy
 
-ARCHITECTURES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3"]
+ARCHITECTURES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma3"]
+NOT_IN_RUNTIME = {"gemma3"}
 INT4_RECIPES = ["rtn-w4a16-g64", "gptq-w4a16-g64", "awq-w4a16-g64"]
 RECIPES = [*INT4_RECIPES, "fp8-w8a8-static"]
 
@@ -40,7 +42,7 @@ def test_the_declaration_says_what_the_config_has(built):
     config = AutoConfig.from_pretrained(model).to_dict()
     architecture = architecture_of(config)
     assert architecture.name == {"llama3": "llama"}.get(name, name)
-    assert architecture.qk_norm == (name == "qwen3")
+    assert architecture.qk_norm == (name in ("qwen3", "gemma3"))
     hf = AutoModelForCausalLM.from_pretrained(model)
     modules = dict(hf.model.layers[0].named_modules())
     assert all(isinstance(modules[n], torch.nn.Linear) for n in architecture.linears)
@@ -66,8 +68,12 @@ def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe)
 def test_runtime_greedy_equals_transformers(built, recipe):
     from quantkit.runtime import LLM, SamplingParams
 
-    _, model, checkpoints, _ = built
+    name, model, checkpoints, _ = built
     path = model if recipe is None else checkpoints[recipe]
+    if name in NOT_IN_RUNTIME:
+        with pytest.raises(QuantkitError, match="the runtime does not run"):
+            LLM(str(path), dtype="float32", max_model_len=128)
+        return
     prompts = [load_tokenizer(model).encode(t) for t in TEXTS[:4]]
     hf = load_model(path)
     llm = LLM(str(path), dtype="float32", max_model_len=128, kernels="reference")
@@ -89,12 +95,13 @@ def test_staged_layer_runs_each_layer_as_transformers_does(built):
     architecture = architecture_of(config.to_dict())
     samples = load_samples(calib)
     hidden = [h[0] for h in layerwise.embed(samples)]
-    rotary = [layerwise.position_embeddings(h[None]) for h in hidden]
+    rotary = [layerwise.position_embeddings(h[None], 0) for h in hidden]
+    window = architecture.layer_window(config.to_dict(), 0)
     with layerwise.layer(0) as layer:
         staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                             architecture=architecture, window=architecture.window(config.to_dict()))
+                             architecture=architecture, window=window)
         for h, r in zip(hidden, rotary):
-            torch.testing.assert_close(staged.forward(h, r), layerwise.run_layer(layer, h[None], r)[0],
+            torch.testing.assert_close(staged.forward(h, r), layerwise.run_layer(layer, h[None], r, window)[0],
                                        rtol=1e-5, atol=1e-5)
         key_absmax = max(staged.key_value_absmax(h, r)[0] for h, r in zip(hidden, rotary))
     measured = load_file(calib / "stats.safetensors")["model.layers.0.self_attn.k_absmax"]
@@ -130,3 +137,29 @@ def test_staged_layer_bounds_attention_to_a_sliding_window(tmp_path):
         squared = probabilities[index][0].square().sum(dim=1)  # [heads, keys]
         torch.testing.assert_close(received, squared.view(config.num_key_value_heads, group, -1).sum(dim=1),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_awqs_declared_folds_leave_each_layer_unchanged(built):
+    """Every fold the declaration allows (input scales into the norm or linear before a group, Gemma's norms
+    as 1 + w) changes the weights and not the layer's output; a wrong fold would quantize a different model."""
+    from quantkit.quantize.methods.awq import AWQ
+
+    name, model, _, _ = built
+    layerwise = LayerwiseModel(model)
+    config = layerwise.config
+    architecture = architecture_of(config.to_dict())
+    hidden = torch.randn(20, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    rotary = layerwise.position_embeddings(hidden[None], 0)
+    with layerwise.layer(0) as layer:
+        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
+                             architecture=architecture, window=architecture.layer_window(config.to_dict(), 0))
+        before = staged.forward(hidden, rotary)
+        folds = [(group.linears, prev) for group, prev in zip(staged.input_groups, AWQ._previous_ops(staged)) if prev]
+        assert folds
+        cols = {n: torch.ones(staged.linear(n).in_features) for n in staged.linears}
+        rows = {n: torch.ones(staged.linear(n).out_features) for n in staged.linears}
+        generator = torch.Generator().manual_seed(1)
+        for names, prev in folds:
+            scales = torch.rand(staged.linear(names[0]).in_features, generator=generator) + 0.5
+            AWQ._apply_scales(staged, prev, names, scales, cols, rows)
+        torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-4)
