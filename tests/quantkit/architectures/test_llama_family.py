@@ -17,6 +17,7 @@ from quantkit.models import head_dim, load_model, load_tokenizer
 from quantkit.quantize.run import QuantizeOptions, quantize
 from quantkit.quantize.staged import StagedLayer
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
+from tests.quantkit.architectures.folds import apply_every_fold
 from tests.runtime.conftest import TEXTS, first_token_logits, hf_greedy
 
 ARCHITECTURES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma3"]
@@ -142,24 +143,5 @@ def test_staged_layer_bounds_attention_to_a_sliding_window(tmp_path):
 def test_awqs_declared_folds_leave_each_layer_unchanged(built):
     """Every fold the declaration allows (input scales into the norm or linear before a group, Gemma's norms
     as 1 + w) changes the weights and not the layer's output; a wrong fold would quantize a different model."""
-    from quantkit.quantize.methods.awq import AWQ
-
-    name, model, _, _ = built
-    layerwise = LayerwiseModel(model)
-    config = layerwise.config
-    architecture = architecture_of(config.to_dict())
-    hidden = torch.randn(20, config.hidden_size, generator=torch.Generator().manual_seed(0))
-    rotary = layerwise.position_embeddings(hidden[None], 0)
-    with layerwise.layer(0) as layer:
-        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                             architecture=architecture, window=architecture.layer_window(config.to_dict(), 0))
-        before = staged.forward(hidden, rotary)
-        folds = [(group.linears, prev) for group, prev in zip(staged.input_groups, AWQ._previous_ops(staged)) if prev]
-        assert folds
-        cols = {n: torch.ones(staged.linear(n).in_features) for n in staged.linears}
-        rows = {n: torch.ones(staged.linear(n).out_features) for n in staged.linears}
-        generator = torch.Generator().manual_seed(1)
-        for names, prev in folds:
-            scales = torch.rand(staged.linear(names[0]).in_features, generator=generator) + 0.5
-            AWQ._apply_scales(staged, prev, names, scales, cols, rows)
-        torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-4)
+    _, model, _, _ = built
+    assert apply_every_fold(model)

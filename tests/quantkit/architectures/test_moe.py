@@ -14,6 +14,7 @@ from quantkit.errors import QuantkitError
 from quantkit.models import load_model
 from quantkit.quantize.run import QuantizeOptions, quantize
 from tests.conftest import build_tiny_model, chat_rows, write_jsonl
+from tests.quantkit.architectures.folds import apply_every_fold
 
 EXPERTS, TOP_K = 4, 2
 # how each checkpoint names its MoE block and each expert's gate, up and down linears
@@ -138,27 +139,6 @@ def test_the_runtime_refuses_moe_in_one_line(built):
 
 def test_awqs_expert_folds_leave_the_layer_unchanged(built):
     """up -> down of every expert (and the attention's folds) change weights, not the MoE layer's output."""
-    from quantkit.architectures import architecture_of
-    from quantkit.calibration.layerwise import LayerwiseModel
-    from quantkit.models import head_dim
-    from quantkit.quantize.methods.awq import AWQ
-    from quantkit.quantize.staged import StagedLayer
-
     model, _, _, _ = built
-    layerwise = LayerwiseModel(model)
-    config = layerwise.config
-    hidden = torch.randn(20, config.hidden_size, generator=torch.Generator().manual_seed(0))
-    rotary = layerwise.position_embeddings(hidden[None], 0)
-    with layerwise.layer(0) as layer:
-        staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
-                             architecture=architecture_of(config.to_dict()))
-        before = staged.forward(hidden, rotary)
-        folds = [(group.linears, prev) for group, prev in zip(staged.input_groups, AWQ._previous_ops(staged)) if prev]
-        assert sum(".experts." in prev for _, prev in folds) == EXPERTS
-        cols = {n: torch.ones(staged.linear(n).in_features) for n in staged.linears}
-        rows = {n: torch.ones(staged.linear(n).out_features) for n in staged.linears}
-        generator = torch.Generator().manual_seed(1)
-        for names, prev in folds:
-            scales = torch.rand(staged.linear(names[0]).in_features, generator=generator) + 0.5
-            AWQ._apply_scales(staged, prev, names, scales, cols, rows)
-        torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-4)
+    folds = apply_every_fold(model)
+    assert sum(".experts." in prev for _, prev in folds) == EXPERTS
