@@ -65,7 +65,7 @@ def build_tiny_model(out: Path, layers: int = 2, max_positions: int = 256, archi
     if architecture == "phi3":  # its config would take token ids beyond this vocabulary
         extra.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if architecture == "gemma3":  # a local layer (window 8 tokens, its own rope base) and a global one
-        extra.update(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        extra.update(head_dim=64 // heads, sliding_window=8, query_pre_attn_scalar=64 // heads,
                      layer_types=["full_attention" if i % 2 else "sliding_attention" for i in range(layers)])
     if architecture == "mixtral":  # four experts of width 128 (its intermediate_size), two per token
         extra.update(num_local_experts=4, num_experts_per_tok=2)
