@@ -13,6 +13,7 @@ import torch
 from quantkit import __version__
 from quantkit.architectures import architecture_of
 from quantkit.calibration.run import DEFAULT_MAX_SEQ_LEN, load_samples, peak_rss_mb
+from quantkit.data.auto_mix import is_auto
 from quantkit.data.readers import dataset_hash, read_records
 from quantkit.data.samples import draw_samples
 from quantkit.errors import QuantkitError
@@ -57,6 +58,10 @@ def quantize(opts: QuantizeOptions, on_layer: LayerCallback | None = None) -> Qu
     started = time.perf_counter()
     if opts.calib and opts.dataset:
         raise QuantkitError("pass either --calib or --dataset, not both")
+    if opts.dataset and is_auto(opts.dataset):  # the mix is chosen against traffic, which calibrate reads
+        raise QuantkitError(f"--dataset {opts.dataset} is a calibrate option",
+                            hint="run quantkit calibrate --dataset auto --traffic FILE --out DIR, then quantize "
+                                 "--calib DIR")
     recipe = load_recipe(opts.recipe)
     checkpoint_format = check_format(recipe, opts.format)
     check_output_dir(opts.out, opts.overwrite)

@@ -112,3 +112,11 @@ def test_data_methods_need_data_and_unknown_architectures_are_refused(tiny_model
     (other / "config.json").write_text(json.dumps(config | {"architectures": ["GPT2LMHeadModel"]}))
     code, _, err = run_cli("quantize", "--model", other, "--recipe", "rtn-w4a16-g64", "--out", tmp_path / "o")
     assert code == 2 and "GPT2LMHeadModel" in err and "not supported yet" in err
+
+
+def test_dataset_auto_is_refused_with_the_calibrate_command_to_run(tiny_model, tmp_path, run_cli):
+    code, _, err = run_cli("quantize", "--model", tiny_model, "--recipe", "gptq-w4a16-g64", "--dataset", "auto",
+                           "--out", tmp_path / "o")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "calibrate option" in err and "quantkit calibrate --dataset auto" in " ".join(err.split())
+    assert not (tmp_path / "o").exists()
