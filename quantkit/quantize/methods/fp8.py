@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
+
 from quantkit.algorithms import awq, fp8, gptq
 from quantkit.formats.scheme import CheckpointScheme
 from quantkit.quantize.methods.base import LayerResult, LinearReport, MethodOptions, QuantMethod, register
@@ -31,14 +33,6 @@ class FP8(QuantMethod):
         if (weights.bits, weights.group_size, weights.symmetric) != (8, -1, True):
             raise ValueError("method fp8 quantizes weights per output channel: "
                              "set weights to {bits: 8, group_size: -1, symmetric: true}")
-
-    @classmethod
-    def check_architecture(cls, options: FP8Options, architecture) -> str | None:
-        if options.activations == "static" and architecture.experts:
-            # one layer's experts are fused at load and served with one input scale per projection (vLLM takes
-            # the max); per-expert scales from calibration would be scored as a model nobody serves
-            return "static FP8 input scales for MoE experts are not written yet: use fp8-w8a8-dynamic"
-        return None
 
     @classmethod
     def checkpoint_scheme(cls, recipe) -> CheckpointScheme:
@@ -71,4 +65,20 @@ class FP8(QuantMethod):
                 quantize_stage(names, [])
         else:
             result.outputs = run_stages(staged, hidden, rotary, quantize_stage, self.keep)
+            if static and staged.experts:
+                _share_expert_input_scales(result.quantized, staged)
         return result
+
+
+def _share_expert_input_scales(quantized: dict, staged) -> None:
+    """One static input scale per projection across a layer's experts, the largest: vLLM fuses a layer's
+    experts into one kernel that takes one scale per projection (the max of the stored ones), so per-expert
+    scales would describe a model nobody serves."""
+    experts = staged.experts
+    for name in (experts.gate, experts.up, experts.down):
+        weights = [quantized[linear] for e in range(staged.num_experts)
+                   if (linear := experts.linear(e, name)) in quantized]
+        if weights:
+            shared = torch.stack([w.input_scale for w in weights]).amax(dim=0)
+            for weight in weights:
+                weight.input_scale = shared.clone()

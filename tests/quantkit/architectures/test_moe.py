@@ -23,7 +23,7 @@ SYMMETRIC = {"rtn-sym": "rtn", "awq-sym": "awq"}
 # transformers (5.25) cannot dequantize asymmetric pack-quantized experts ("Asymmetric quant requires zero-point
 # values" when it fuses them): the load check takes symmetric recipes, the asymmetric ones are read by quantkit
 CONSUMER_RECIPES = ["rtn-sym", "gptq-w4a16-g64-sym", "awq-sym", "fp8-w8a8-dynamic"]
-RECIPES = [*CONSUMER_RECIPES, "gptq-w4a16-g64", "awq-w4a16-g64"]
+RECIPES = [*CONSUMER_RECIPES, "gptq-w4a16-g64", "awq-w4a16-g64", "fp8-w8a8-static"]
 
 
 @pytest.fixture(scope="module", params=list(STORED))
@@ -80,6 +80,20 @@ def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe,
         assert not torch.allclose(ours(tokens).logits, load_model(model)(tokens).logits, atol=1e-3)
 
 
+def test_static_fp8_experts_share_one_input_scale_per_projection(built):
+    """vLLM serves a layer's experts with one input scale per projection: the checkpoint stores that one, the
+    largest any expert's routed inputs needed."""
+    _, results, _, architecture = built
+    block, linears = STORED[architecture]
+    tensors = load_file(results["fp8-w8a8-static"].out / "model.safetensors")
+    for layer in (0, 1):
+        for linear in linears:
+            scales = [tensors[f"model.layers.{layer}.{block}.experts.{e}.{linear}.input_scale"] for e in range(EXPERTS)]
+            assert all(torch.equal(scale, scales[0]) for scale in scales)
+        gate, up, down = (tensors[f"model.layers.{layer}.{block}.experts.0.{n}.input_scale"] for n in linears)
+        assert torch.equal(gate, up) and not torch.equal(gate, down)  # gate and up read the same tokens
+
+
 @pytest.mark.parametrize("recipe", ["gptq-w4a16-g64", "awq-w4a16-g64"])
 def test_every_expert_is_calibrated_on_its_routed_tokens_and_beats_rounding(built, recipe):
     _, results, num_tokens, _ = built
@@ -120,8 +134,7 @@ def test_a_starved_expert_is_calibrated_on_every_token_and_said_so(tmp_path):
     assert all(torch.isfinite(p).all() for p in weights.parameters())
 
 
-@pytest.mark.parametrize("recipe, match", [("fp8-w8a8-static", "static FP8 input scales for MoE experts"),
-                                           ("gptq-w4a16-g64-fp-targets", "fp_targets")])
+@pytest.mark.parametrize("recipe, match", [("gptq-w4a16-g64-fp-targets", "fp_targets")])
 def test_what_moe_cannot_take_is_refused_before_any_work(built, tmp_path, recipe, match):
     model, _, _, _ = built
     with pytest.raises(QuantkitError, match=match):
