@@ -33,8 +33,7 @@ class Experts:
     router: str = "gate"  # within the block
     # the block's name in the checkpoint where transformers renames it on load (Mixtral: block_sparse_moe)
     stored_block: str | None = None
-    count_key: str = "num_local_experts"  # the config.json keys for the number of experts and the top k
-    top_k_key: str = "num_experts_per_tok"
+    count_key: str = "num_local_experts"  # the config.json key for the number of experts
 
     def linear(self, expert: int, name: str) -> str:
         return f"{self.block}.experts.{expert}.{name}"
@@ -53,7 +52,8 @@ class Architecture:
     input_groups: tuple[InputGroup, ...]
     # per-head RMSNorm of queries and keys before rotary (Qwen3): self_attn.q_norm / self_attn.k_norm
     qk_norm: bool = False
-    # rope types (config rope_parameters / rope_scaling) the runtime and calibration compute exactly
+    # rope types (config rope_parameters / rope_scaling) the runtime computes; calibration and quantization take
+    # transformers' own rotary tables
     rope_types: tuple[str, ...] = ("default", "llama3")
     # whether the config's sliding_window bounds attention (Mistral); Qwen2/3 say so with use_sliding_window
     sliding_window: bool = False
