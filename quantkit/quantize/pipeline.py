@@ -90,10 +90,10 @@ def quantize_model(model_path: Path, recipe: Recipe, samples: list[list[int]] | 
     for index in range(model.num_layers):
         prefix = f"model.layers.{index}"
         if recipe.needs_calibration:
-            kind = model.rotary_kind(index)
-            if kind not in rotary_tables:
-                rotary_tables[kind] = _rotary_by_sample(model, samples, index)
-            rotary = rotary_tables[kind]
+            rotary_kind = model.rotary_kind(index)
+            if rotary_kind not in rotary_tables:
+                rotary_tables[rotary_kind] = _rotary_by_sample(model, samples, index)
+            rotary = rotary_tables[rotary_kind]
         with model.layer(index) as layer:
             method = method_class(recipe, prefix, scale_dtype=scale_dtype or dtype, keep=activations.keep)
             staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
