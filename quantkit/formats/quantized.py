@@ -1,5 +1,6 @@
 """The in-memory forms of a quantized linear weight, shared by every format: QuantizedWeight (integer,
-weight-only) and Fp8Weight (float8 weights, optionally with a static input scale). QuantizedWeight:
+weight-only), Fp8Weight (float8 weights, optionally with a static input scale) and Int8Weight (W8A8 INT8:
+signed int8 weights whose inputs are quantized to int8 too). QuantizedWeight:
 
     W[n, k] ~= scale[n, g] * (q[n, k] - zero[n, g]),  g = g_idx[k] (default k // group_size)
 
@@ -85,3 +86,34 @@ class Fp8Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.weight.float() * self.scale.float()).to(dtype)  # [out, 1] and [1] both broadcast
+
+
+@dataclass
+class Int8Weight:
+    """A W8A8 INT8 linear: signed int8 weights with per-output-channel scales, and int8 inputs:
+
+        W[n, k] ~= weight[n, k] * scale[n]
+        x_q = clamp(round(x / s_x), -128, 127), s_x = input_scale (static) or each token's absmax / 127 (dynamic)
+
+    input_scale None means activations are quantized per token at run time (see quantkit.algorithms.int8).
+    """
+
+    weight: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out, 1] float32
+    input_scale: torch.Tensor | None = None  # [1] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.weight.float() * self.scale.float()).to(dtype)
+
+    @classmethod
+    def from_codes(cls, codes: QuantizedWeight, input_scale: torch.Tensor | None = None) -> Int8Weight:
+        """From symmetric 8-bit per-channel codes (unsigned, zero 128), as RTN and GPTQ make them."""
+        if (codes.bits, codes.group_size, codes.symmetric) != (8, -1, True):
+            raise ValueError(f"W8A8 INT8 needs symmetric 8-bit per-channel codes, got bits {codes.bits}, "
+                             f"group_size {codes.group_size}, symmetric {codes.symmetric}")
+        return cls(weight=(codes.q.to(torch.int16) - 128).to(torch.int8), scale=codes.scale.float().reshape(-1, 1),
+                   input_scale=input_scale)
