@@ -16,6 +16,7 @@ from quantkit.errors import QuantkitError
 from quantkit.runtime.kernels import reference
 from quantkit.runtime.kernels._triton import interpreting, triton_available
 from quantkit.runtime.kernels.int4_layout import int4_matmul_reference
+from quantkit.runtime.kernels.int8_reference import int8_matmul_reference
 
 MODES = ("auto", "triton", "reference")
 ENV = "QUANTKIT_KERNELS"
@@ -53,6 +54,16 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
         return int4_gemm.int4_matmul(x, qweight, scales, zeros, g_idx, group_size)
     return int4_matmul_reference(x, qweight, scales, zeros, g_idx, group_size)
+
+
+def int8_matmul(codes: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
+                bias: torch.Tensor | None, dtype: torch.dtype, mode: str | None = None) -> torch.Tensor:
+    """W8A8: rescaled int8 codes [M, K] @ int8 weight [K, N] (int8_reference.py)."""
+    if use_triton(mode, codes.device):
+        from quantkit.runtime.kernels import int8_gemm
+
+        return int8_gemm.int8_matmul(codes, x_scale, weight, w_scale, bias, dtype)
+    return int8_matmul_reference(codes, x_scale, weight, w_scale, bias, dtype)
 
 
 def write_kv(cache: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, scale: float | None,
