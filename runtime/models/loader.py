@@ -1,9 +1,9 @@
 """Build a runtime model from any checkpoint quantkit reads (dense, compressed-tensors, AutoAWQ, GPTQ).
 
 q/k/v and gate/up are fused into one projection each. Quantized projections stay quantized (Int4Linear,
-Fp8Linear); those no runtime layer runs (2- or 8-bit integers, parts of one fusion quantized differently)
-are dequantized to the compute dtype with a warning. KV-cache scales (model.layers.N.self_attn.{k,v}_scale)
-are returned.
+Fp8Linear, Int8Linear); those no runtime layer runs (2-bit integers, 8-bit ones outside W8A8 INT8, parts of
+one fusion quantized differently) are dequantized to the compute dtype with a warning. KV-cache scales
+(model.layers.N.self_attn.{k,v}_scale) are returned.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from quantkit.architectures import Architecture, architecture_of
 from quantkit.errors import QuantkitError
 from quantkit.formats.checkpoints import read_checkpoint
 from quantkit.formats.float_quantized import per_layer_kv_scales
-from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.formats.quantized import Fp8Weight, Int8Weight, QuantizedWeight
 from quantkit.memory import release_freed_memory
+from quantkit.runtime.layers.int8_linear import Int8Linear
 from quantkit.runtime.layers.linear import Fp8Linear, Int4Linear
 from quantkit.runtime.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -28,8 +29,8 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device, kernels: st
     """(model in eval mode on device, KV scales {layer: (k_scale, v_scale)})."""
     config, dense, quantized = read_checkpoint(path)
     if any(isinstance(w, Fp8Weight) and w.input_scale is not None for w in quantized.values()):
-        warnings.warn("the runtime runs W8A8 checkpoints weight-only for now (activations stay in high precision)",
-                      stacklevel=2)
+        warnings.warn("the runtime runs FP8 W8A8 checkpoints weight-only for now (activations stay in high "
+                      "precision)", stacklevel=2)
     tensors = {name: t for name, t in dense.items() if not name.endswith(("k_scale", "v_scale"))}
     architecture = architecture_of(config, str(path))
     cfg = LlamaConfig.from_hf(config, attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
@@ -108,6 +109,8 @@ def _quantized_linear(parts: list, bias: torch.Tensor | None, dtype: torch.dtype
     """A runtime layer that keeps the weights quantized, or None (with a warning) when none runs them."""
     if all(isinstance(w, Fp8Weight) for w in parts):
         return Fp8Linear(parts, bias, dtype, device)
+    if all(isinstance(w, Int8Weight) for w in parts) and len({w.input_scale is None for w in parts}) == 1:
+        return Int8Linear(parts, bias, dtype, kernels, device)
     first = parts[0]
     same_scheme = all(isinstance(w, QuantizedWeight) and w.bits == first.bits and w.group_size == first.group_size
                       and _same_g_idx(w.g_idx, first.g_idx) for w in parts)

@@ -89,3 +89,60 @@ def test_fp8_kv_cache_reads_the_checkpoint_scales(make_llm, tiny_model, tmp_path
     assert out.finished and out.token_ids
     # an fp16/fp32 cache ignores the scales (they only matter to an fp8 cache)
     assert make_llm(ckpt).engine.runner.model.attention_layers()[0].k_scale is None
+
+
+def int8_state(tiny_model, input_scales: dict[str, float | None]):
+    """The tiny model's checkpoint as read_checkpoint returns it, its projections as W8A8 INT8 weights
+    (per-channel absmax): input_scales by projection name, None for dynamic per-token activations."""
+    from quantkit.formats.checkpoints import read_checkpoint
+    from quantkit.formats.quantized import Int8Weight
+
+    config, dense, quantized = read_checkpoint(tiny_model)
+    for name in [n for n in dense if n.endswith("_proj.weight")]:
+        w = dense.pop(name).float()
+        scale = w.abs().amax(1, keepdim=True) / 127
+        static = input_scales[name.split(".")[-2]]
+        quantized[name.removesuffix(".weight")] = Int8Weight(
+            torch.round(w / scale).to(torch.int8), scale, None if static is None else torch.tensor([static]))
+    return config, dense, quantized
+
+
+def test_int8_w8a8_weights_load_as_int8_linear_without_the_weight_only_warning(tiny_model, monkeypatch):
+    from quantkit.runtime.layers.int8_linear import Int8Linear
+    from quantkit.runtime.models import loader
+
+    scales = {"q_proj": 0.02, "k_proj": 0.03, "v_proj": 0.01, "o_proj": 0.05,
+              "gate_proj": None, "up_proj": None, "down_proj": None}
+    state = int8_state(tiny_model, scales)
+    monkeypatch.setattr(loader, "read_checkpoint", lambda path: state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither "weight-only" nor "dequantized"
+        model, _ = loader.load_model(tiny_model, torch.float32, torch.device("cpu"), kernels="reference")
+    layer = model.model.layers[0]
+    projections = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    assert all(isinstance(p, Int8Linear) for p in projections)
+    assert layer.self_attn.qkv_proj.input_scale == float(torch.tensor(0.03))  # q/k/v fused: their largest
+    assert layer.mlp.gate_up_proj.input_scale is None
+    # the fused layer is the three parts side by side
+    parts = [state[2][f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"]
+    x = torch.randn(3, layer.self_attn.qkv_proj.in_features)
+    want = torch.cat([Int8Linear([p], None, torch.float32, "reference", torch.device("cpu"))(x) for p in parts], 1)
+    got = layer.self_attn.qkv_proj(x)
+    assert got.shape == want.shape
+    # each part alone quantizes x at its own scale; fused, all at 0.03: equal only for the k part
+    k = slice(parts[0].shape[0], parts[0].shape[0] + parts[1].shape[0])
+    torch.testing.assert_close(got[:, k], want[:, k], rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_w8a8_still_runs_weight_only_with_a_warning(tiny_model, monkeypatch):
+    from quantkit.formats.quantized import Fp8Weight
+    from quantkit.runtime.models import loader
+
+    read_fp8 = int8_state(tiny_model, dict.fromkeys(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")))
+    quantized = read_fp8[2]
+    for name, w in quantized.items():
+        quantized[name] = Fp8Weight(w.dequantize().to(torch.float8_e4m3fn), torch.ones(1), torch.tensor([0.1]))
+    monkeypatch.setattr(loader, "read_checkpoint", lambda path: read_fp8)
+    with pytest.warns(UserWarning, match="FP8 W8A8 checkpoints weight-only"):
+        loader.load_model(tiny_model, torch.float32, torch.device("cpu"))
