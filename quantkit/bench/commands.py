@@ -226,7 +226,8 @@ def bench_kernels(
     threads: int = typer.Option(1, help="torch and OpenMP threads."),
     out: Optional[Path] = typer.Option(None, help="Write the JSON rows here."),
 ) -> None:
-    """CPU linear paths on SmolLM2's layer shapes: fp32 dense, native INT4, INT4 dequantized per call, bf16."""
+    """CPU linear paths on SmolLM2's layer shapes: fp32 dense, native INT4, INT4 dequantized per call, bf16,
+    W8A8 INT8 (activations quantized per token, in the timing)."""
     from quantkit.bench.kernels import as_dicts, bench_kernels as run, rows_table
 
     rows = run(tuple(m), rounds, threads)
