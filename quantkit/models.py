@@ -293,10 +293,9 @@ def load_model(path: Path, dtype=None):
     # Buffers such as the rotary inverse frequencies are computed, not stored: rebuild them on CPU.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     restore_embedding_scale(model.model.embed_tokens)
-    from quantkit.eval.fp8_inputs import quantize_linear_inputs
-    from quantkit.formats.quantized import Fp8Weight
+    from quantkit.eval.w8a8_inputs import W8A8_WEIGHTS, quantize_linear_inputs
 
-    # W8A8: the inputs are quantized too, or the model would be scored as weight-only FP8.
+    # W8A8: the inputs are quantized too, or the model would be scored as weight-only.
     quantize_linear_inputs(model, {architecture.memory_name(n): w for n, w in quantized.items()
-                                   if isinstance(w, Fp8Weight)})
+                                   if isinstance(w, W8A8_WEIGHTS)})
     return model.eval()

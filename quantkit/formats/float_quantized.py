@@ -29,10 +29,15 @@ ACTIVATIONS = ("dynamic", "static")
 KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale")
 
 
-def _float_args(strategy: str, dynamic: bool) -> dict:
-    return {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "strategy": strategy,
+def eight_bit_args(kind: str, strategy: str, dynamic: bool) -> dict:
+    """compressed-tensors QuantizationArgs of a symmetric 8-bit tensor; kind "float" (e4m3) or "int"."""
+    return {"num_bits": 8, "type": kind, "symmetric": True, "group_size": None, "strategy": strategy,
             "block_structure": None, "dynamic": dynamic, "actorder": None,
             "observer": None if dynamic else "minmax", "observer_kwargs": {}}
+
+
+def _float_args(strategy: str, dynamic: bool) -> dict:
+    return eight_bit_args("float", strategy, dynamic)
 
 
 def kv_cache_scheme() -> dict:
@@ -44,29 +49,44 @@ def quantization_config(activations: str, ignore: list[str], targets: list[str] 
                         kv_cache: bool = False, version: str = "0.20.1") -> dict:
     """config.json["quantization_config"] for FP8 weights per channel, activations per token
     (dynamic) or per tensor from calibration (static)."""
+    return w8a8_config("float", FORMAT, activations, ignore, targets, kv_cache, version)
+
+
+def w8a8_config(kind: str, format: str, activations: str, ignore: list[str], targets: list[str] | None,
+                kv_cache: bool, version: str) -> dict:
+    """quantization_config of 8-bit weights per channel (kind "float" or "int") with 8-bit inputs per token
+    (dynamic) or per tensor (static), as llm-compressor's FP8_DYNAMIC / W8A8 presets write them."""
     if activations not in ACTIVATIONS:
-        raise QuantkitError(f"unknown FP8 activation scheme {activations!r}", hint="use dynamic or static")
-    inputs = _float_args("token", True) if activations == "dynamic" else _float_args("tensor", False)
-    group = {"targets": list(targets or ["Linear"]), "weights": _float_args("channel", False),
-             "input_activations": inputs, "output_activations": None, "format": FORMAT}
+        raise QuantkitError(f"unknown W8A8 activation scheme {activations!r}", hint="use dynamic or static")
+    dynamic = activations == "dynamic"
+    inputs = eight_bit_args(kind, "token" if dynamic else "tensor", dynamic)
+    group = {"targets": list(targets or ["Linear"]), "weights": eight_bit_args(kind, "channel", False),
+             "input_activations": inputs, "output_activations": None, "format": format}
     return {
-        "quant_method": "compressed-tensors", "format": FORMAT, "quantization_status": "compressed",
+        "quant_method": "compressed-tensors", "format": format, "quantization_status": "compressed",
         "config_groups": {"group_0": group}, "ignore": list(ignore),
         "kv_cache_scheme": kv_cache_scheme() if kv_cache else None,
         "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None, "version": version,
     }
 
 
-def activation_scheme(qconfig: dict, where: str) -> str:
-    """'dynamic' or 'static' for a float-quantized config; QuantkitError for anything else we cannot read."""
+def activation_scheme(qconfig: dict, where: str, kind: str = "float") -> str:
+    """'dynamic' or 'static' for a W8A8 config of 8-bit `kind` ("float" or "int") weights; QuantkitError for
+    anything else we cannot read."""
+    name_of = {"float": "FP8", "int": "INT8"}[kind]
+
     def bad(what: str) -> QuantkitError:
-        return QuantkitError(f"{where}: {what}", hint="quantkit reads FP8 W8A8 checkpoints with per-channel "
+        return QuantkitError(f"{where}: {what}", hint=f"quantkit reads {name_of} W8A8 checkpoints with per-channel "
                              "or per-tensor weight scales and per-token or per-tensor input scales")
     schemes = set()
     for name, group in (qconfig.get("config_groups") or {}).items():
         weights, inputs = group.get("weights") or {}, group.get("input_activations")
-        if (weights.get("type"), weights.get("num_bits")) != ("float", 8):
-            raise bad(f"config_groups.{name}.weights is not 8-bit float")
+        if (weights.get("type"), weights.get("num_bits")) != (kind, 8):
+            raise bad(f"config_groups.{name}.weights is not 8-bit {kind}")
+        if kind == "int" and not weights.get("symmetric", True):
+            raise bad(f"config_groups.{name}.weights are asymmetric (a zero point per channel is not supported)")
+        if kind == "int" and inputs and not inputs.get("symmetric", True):
+            raise bad(f"config_groups.{name}.input_activations are asymmetric (no int8 zero point is supported)")
         if weights.get("strategy") not in ("channel", "tensor"):
             raise bad(f"config_groups.{name}.weights strategy {weights.get('strategy')!r} is not channel or tensor")
         if not inputs:

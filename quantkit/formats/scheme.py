@@ -26,5 +26,7 @@ class CheckpointScheme:
         """A few characters for tables and messages, e.g. "int4 g64 asym" or "fp8 channel"."""
         if self.kind == "float":
             return "fp8 channel"
+        if self.activations:
+            return f"int{self.bits} w8a8 {self.activations}"
         group = "channel" if self.group_size == -1 else f"g{self.group_size}"
         return f"int{self.bits} {group} {'sym' if self.symmetric else 'asym'}"

@@ -15,6 +15,7 @@ from pydantic import Field
 from quantkit.algorithms import awq, gptq
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.formats.quantized import QuantizedWeight, stack_rows
+from quantkit.quantize.folding import fold_input_scales, previous_ops
 from quantkit.quantize.methods.base import (ComputeDtypes, LayerResult, LinearReport, QuantMethod, register,
                                             relative_errors)
 from quantkit.quantize.staged import (Activations, Rotary, StagedLayer, residual_token_weights,
@@ -70,13 +71,16 @@ class AWQ(QuantMethod):
         col_scale = {n: torch.ones(originals[n].shape[1]) for n in originals}
         row_scale = {n: torch.ones(originals[n].shape[0]) for n in originals}
         hessians = {}
-        for names, prev in zip(staged.stages, self._previous_ops(staged)):
+        for names, prev in zip(staged.stages, previous_ops(staged)):
             hessian, x_mean = observed[names]
             targets = self.targets(names)
             if prev is not None and targets:
                 search = awq.search_scales([staged.linear(n).weight.detach() for n in targets], x_mean, hessian,
                                            self.scheme, duo=options.duo_scaling, n_grid=options.n_grid)
-                self._apply_scales(staged, prev, names, search.scales, col_scale, row_scale)
+                if fold_input_scales(staged, prev, names, search.scales):
+                    row_scale[prev] = row_scale[prev] * search.scales  # rows were divided by s: multiply back
+                for name in names:
+                    col_scale[name] = col_scale[name] * search.scales
                 hessian = awq.scale_hessian(hessian, search.scales)
             hessians.update({n: (hessian, observed[names][0]) for n in names})
         for name in self.targets(tuple(originals)):
@@ -122,39 +126,3 @@ class AWQ(QuantMethod):
                                                    target[i * rows:(i + 1) * rows], hessian,
                                                    options.descent_dampening, options.coordinate_descent)
                            for i, hessian in enumerate(hessians_of_rows)])
-
-    @staticmethod
-    def _previous_ops(staged: StagedLayer) -> list[str | None]:
-        """What each stage's input scales fold into (the architecture's declaration). A linear takes them only
-        where its outputs are the stage's inputs one for one: v -> o not with grouped KV heads."""
-        previous = []
-        for group in staged.input_groups:
-            prev = group.scales_into
-            if prev is not None and isinstance(staged.layer.get_submodule(prev), torch.nn.Linear):
-                if staged.linear(prev).weight.shape[0] != staged.linear(group.linears[0]).weight.shape[1]:
-                    prev = None
-            previous.append(prev)
-        return previous
-
-    @staticmethod
-    def _apply_scales(staged: StagedLayer, prev: str, names: tuple[str, ...], scales: torch.Tensor,
-                      col_scale: dict, row_scale: dict) -> None:
-        """Multiply the layers' input columns by s and divide the previous op's outputs by s."""
-        previous = staged.layer.get_submodule(prev)
-        with torch.no_grad():
-            if isinstance(previous, torch.nn.Linear):
-                previous.weight.div_(scales[:, None].to(previous.weight.dtype))
-                if previous.bias is not None:
-                    previous.bias.div_(scales.to(previous.bias.dtype))
-                row_scale[prev] = row_scale[prev] * scales  # rows were divided by s: multiply back
-            else:  # RMSNorm: y = (offset + w) * x / rms(x), offset 1 in Gemma's
-                offset = staged.architecture.norm_offset
-                if offset:
-                    previous.weight.add_(offset)
-                previous.weight.div_(scales.to(previous.weight.dtype))
-                if offset:
-                    previous.weight.sub_(offset)
-            for name in names:
-                linear = staged.linear(name)
-                linear.weight.mul_(scales[None, :].to(linear.weight.dtype))
-                col_scale[name] = col_scale[name] * scales

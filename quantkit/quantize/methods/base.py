@@ -49,7 +49,8 @@ class LinearReport:
     method: str
     error_rtn: float | None  # relative output error of plain rounding on the same inputs
     error: float | None  # relative output error of the method
-    note: str = ""
+    note: str = ""  # what a user should see (printed after the run)
+    detail: str = ""  # what the method chose for this linear (recorded in quantkit.json, not printed)
 
 
 @dataclass

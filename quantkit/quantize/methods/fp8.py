@@ -66,12 +66,12 @@ class FP8(QuantMethod):
         else:
             result.outputs = run_stages(staged, hidden, rotary, quantize_stage, self.keep)
             if static and staged.experts:
-                _share_expert_input_scales(result.quantized, staged)
+                share_expert_input_scales(result.quantized, staged)
         return result
 
 
-def _share_expert_input_scales(quantized: dict, staged) -> None:
-    """One static input scale per projection across a layer's experts, the largest: vLLM fuses a layer's
+def share_expert_input_scales(quantized: dict, staged) -> None:
+    """One static input scale per projection across a layer's experts, the largest (FP8 and INT8 W8A8): vLLM fuses a layer's
     experts into one kernel that takes one scale per projection (the max of the stored ones), so per-expert
     scales would describe a model nobody serves."""
     experts = staged.experts

@@ -1,11 +1,11 @@
-"""The check both architecture test files run: AWQ's declared folds change a layer's weights, not its output."""
+"""The check both architecture test files run: the declared folds (AWQ's and SmoothQuant's) change a layer's weights, not its output."""
 
 import torch
 
 from quantkit.architectures import architecture_of
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.models import head_dim
-from quantkit.quantize.methods.awq import AWQ
+from quantkit.quantize.folding import fold_input_scales, previous_ops
 from quantkit.quantize.staged import StagedLayer
 
 
@@ -21,12 +21,10 @@ def apply_every_fold(model) -> list[tuple[tuple[str, ...], str]]:
         staged = StagedLayer(layer, config.num_attention_heads, config.num_key_value_heads, head_dim(config),
                              architecture=architecture, window=architecture.layer_window(config.to_dict(), 0))
         before = staged.forward(hidden, rotary)
-        folds = [(group.linears, prev) for group, prev in zip(staged.input_groups, AWQ._previous_ops(staged)) if prev]
-        cols = {n: torch.ones(staged.linear(n).in_features) for n in staged.linears}
-        rows = {n: torch.ones(staged.linear(n).out_features) for n in staged.linears}
+        folds = [(group.linears, prev) for group, prev in zip(staged.input_groups, previous_ops(staged)) if prev]
         generator = torch.Generator().manual_seed(1)
         for names, prev in folds:
             scales = torch.rand(staged.linear(names[0]).in_features, generator=generator) + 0.5
-            AWQ._apply_scales(staged, prev, names, scales, cols, rows)
+            fold_input_scales(staged, prev, names, scales)
         torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-4)
     return folds

@@ -64,11 +64,11 @@ def test_transformers_loads_each_checkpoint_with_quantkits_logits(built, recipe,
     if recipe.startswith("fp8"):
         # transformers (5.25) fuses the experts and runs them weight-only: their inputs are not quantized, while
         # vLLM's fused MoE kernel quantizes them per token as quantkit's simulation does. Compare like with like.
-        from quantkit.eval import fp8_inputs
+        from quantkit.eval import w8a8_inputs
 
-        quantize_inputs = fp8_inputs.quantize_linear_inputs
+        quantize_inputs = w8a8_inputs.quantize_linear_inputs
         simulated = load_model(path)  # experts' inputs quantized too, under the model's own module names
-        monkeypatch.setattr(fp8_inputs, "quantize_linear_inputs", lambda model, weights: quantize_inputs(
+        monkeypatch.setattr(w8a8_inputs, "quantize_linear_inputs", lambda model, weights: quantize_inputs(
             model, {name: w for name, w in weights.items() if ".experts." not in name}))
         with torch.no_grad():
             assert not torch.allclose(simulated(torch.tensor([[5, 6, 7]])).logits,

@@ -47,7 +47,7 @@ def test_methods_beat_rounding(checkpoints, recipe):
 
 def test_awq_folds_into_v_proj_with_its_bias_without_changing_the_layer(tmp_path):
     from quantkit.calibration.layerwise import LayerwiseModel
-    from quantkit.quantize.methods.awq import AWQ
+    from quantkit.quantize.folding import fold_input_scales, previous_ops
     from quantkit.quantize.staged import StagedLayer
 
     model = LayerwiseModel(build_tiny_model(tmp_path / "qwen2", architecture="qwen2", kv_heads=4))
@@ -55,10 +55,8 @@ def test_awq_folds_into_v_proj_with_its_bias_without_changing_the_layer(tmp_path
     rotary = model.position_embeddings(hidden[None])
     with model.layer(0) as layer:
         staged = StagedLayer(layer, 4, 4, 16)
-        assert AWQ._previous_ops(staged)[1] == "self_attn.v_proj"
+        assert previous_ops(staged)[1] == "self_attn.v_proj"
         assert layer.self_attn.v_proj.bias.abs().sum() > 0
         before = staged.forward(hidden, rotary)
-        cols = {n: torch.ones(layer.get_submodule(n).in_features) for n, _ in layer.named_modules() if "proj" in n}
-        rows = {n: torch.ones(layer.get_submodule(n).out_features) for n in cols}
-        AWQ._apply_scales(staged, "self_attn.v_proj", ("self_attn.o_proj",), torch.rand(64) + 0.5, cols, rows)
+        assert fold_input_scales(staged, "self_attn.v_proj", ("self_attn.o_proj",), torch.rand(64) + 0.5)
         torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 from quantkit.compute_dtype import resolve_compute_dtype
 from quantkit.calibration.layerwise import LayerwiseModel
 from quantkit.models import load_model
-from quantkit.quantize.methods.awq import AWQ
+from quantkit.quantize.folding import fold_input_scales
 from quantkit.quantize.staged import StagedLayer
 from tests.conftest import chat_rows, write_jsonl
 from tests.quantkit.quantize.reports import assert_beats_rounding
@@ -65,7 +65,7 @@ def test_provenance_says_what_the_hessians_and_forward_ran_in_on_this_machine(ch
     assert compute["rtn-w4a16-g64"] == {}
 
 
-def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_model):
+def test_input_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_model):
     model = LayerwiseModel(tiny_model)
     config = model.config
     hidden = torch.randn(9, config.hidden_size)
@@ -73,12 +73,10 @@ def test_awq_scales_fold_into_the_previous_ops_without_changing_the_layer(tiny_m
     with model.layer(0) as layer:
         staged = StagedLayer(layer, 4, 2, config.hidden_size // 4)
         before = staged.forward(hidden, rotary)
-        cols = {n: torch.ones(layer.get_submodule(n).in_features) for n, _ in layer.named_modules() if "proj" in n}
-        rows = {n: torch.ones(layer.get_submodule(n).out_features) for n in cols}
         for prev, names, width in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj",
                                                         "self_attn.v_proj"), config.hidden_size),
                                    ("mlp.up_proj", ("mlp.down_proj",), config.intermediate_size)):
-            AWQ._apply_scales(staged, prev, names, torch.rand(width) + 0.5, cols, rows)
+            fold_input_scales(staged, prev, names, torch.rand(width) + 0.5)
         torch.testing.assert_close(staged.forward(hidden, rotary), before, rtol=1e-4, atol=1e-5)
 
 
