@@ -83,15 +83,15 @@ def convert(src: Path, to: str, out: Path, overwrite: bool = False) -> ConvertRe
 
 
 def _survey(source: StoredCheckpoint, src: Path, to: str, model_dtype: torch.dtype) -> SourceScheme:
-    """One pass over the modules, each read and dropped: refuse anything without integer codes (e.g. FP8),
+    """One pass over the modules, each read and dropped: refuse anything but weight-only integer codes (FP8, W8A8),
     which no target holds, and mixed schemes, since every target writes one scheme per checkpoint."""
     if not source.modules:
         raise QuantkitError(f"{src}: no quantized layers found")
     schemes, act_order, scales_exact = set(), False, True
     for module, weight in source.weights().items():
         if not isinstance(weight, QuantizedWeight):
-            raise QuantkitError(f"{src}: {module} is a {type(weight).__name__}, not integer codes; {to} stores "
-                                "integer weight-only layers only", hint="keep this checkpoint as it is")
+            raise QuantkitError(f"{src}: {module} is a {type(weight).__name__}, not weight-only integer codes; "
+                                f"{to} stores integer weight-only layers only", hint="keep this checkpoint as it is")
         schemes.add((weight.bits, weight.group_size, weight.symmetric))
         act_order = act_order or has_permuted_groups(weight)
         scales_exact = scales_exact and torch.equal(weight.scale.to(model_dtype).float(), weight.scale.float())

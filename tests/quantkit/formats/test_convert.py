@@ -143,13 +143,21 @@ def test_conversion_holds_one_source_module_at_a_time(sources, tmp_path, monkeyp
     assert most <= 2  # the one being read, and the previous one until its loop variable is rebound
 
 
-def test_fp8_weights_are_not_convertible(tiny_model, tmp_path, run_cli):
+INT8_RTN = "name: int8-rtn\nquantization: {method: int8, rounding: rtn, smoothquant: false}\n" \
+           "weights: {bits: 8, group_size: -1, symmetric: true}\n"
+
+
+@pytest.mark.parametrize("recipe, weight", [("fp8-w8a8-dynamic", "Fp8Weight"), (INT8_RTN, "Int8Weight")])
+def test_w8a8_weights_are_not_convertible(tiny_model, tmp_path, run_cli, recipe, weight):
     from quantkit.quantize.run import QuantizeOptions, quantize
 
-    quantize(QuantizeOptions(model=str(tiny_model), recipe="fp8-w8a8-dynamic", out=tmp_path / "fp8"))
-    code, _, err = run_cli("convert", tmp_path / "fp8", "--to", "gptq", "--out", tmp_path / "x")
+    if recipe == INT8_RTN:
+        (tmp_path / "int8.yaml").write_text(recipe)
+        recipe = str(tmp_path / "int8.yaml")
+    quantize(QuantizeOptions(model=str(tiny_model), recipe=recipe, out=tmp_path / "w8a8"))
+    code, _, err = run_cli("convert", tmp_path / "w8a8", "--to", "gptq", "--out", tmp_path / "x")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert re.search(r"model\.layers\.\d+\.\S+ is a Fp8Weight, not integer codes", err), err
+    assert re.search(rf"model\.layers\.\d+\.\S+ is a {weight}, not weight-only integer codes", err), err
     assert not (tmp_path / "x").exists()
 
 
