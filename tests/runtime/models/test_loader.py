@@ -146,3 +146,33 @@ def test_fp8_w8a8_still_runs_weight_only_with_a_warning(tiny_model, monkeypatch)
     monkeypatch.setattr(loader, "read_checkpoint", lambda path: read_fp8)
     with pytest.warns(UserWarning, match="FP8 W8A8 checkpoints weight-only"):
         loader.load_model(tiny_model, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def int8_checkpoints(tiny_model, tmp_path_factory):
+    from quantkit.calibration.run import CalibrateOptions, calibrate
+    from tests.conftest import chat_rows, write_jsonl
+
+    root = tmp_path_factory.mktemp("int8")
+    calibrate(CalibrateOptions(model=str(tiny_model), dataset=str(write_jsonl(root / "c.jsonl", chat_rows(16))),
+                               out=root / "calib", num_samples=8, max_seq_len=64))
+    out = {}
+    for recipe in ("int8-w8a8-dynamic", "int8-w8a8-static"):
+        out[recipe] = root / recipe
+        quantize(QuantizeOptions(model=str(tiny_model), recipe=recipe, calib=root / "calib", out=out[recipe]))
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["int8-w8a8-dynamic", "int8-w8a8-static"])
+@pytest.mark.parametrize("kernels", ["reference", "auto"])
+def test_int8_checkpoint_runs_quantized_like_quantkits_simulation(make_llm, int8_checkpoints, recipe, kernels):
+    """A checkpoint `quantize` wrote: the runtime quantizes each projection's inputs to int8 as the eval's
+    simulation on the dequantized transformers model does (vLLM's convention), so the logits agree."""
+    from quantkit.runtime.layers.int8_linear import Int8Linear
+
+    llm = make_llm(int8_checkpoints[recipe], kernels=kernels)
+    assert isinstance(llm.engine.runner.model.model.layers[0].mlp.down_proj, Int8Linear)
+    prompts = [llm.tokenizer.encode(t) for t in TEXTS[:4]]
+    hf = load_model(int8_checkpoints[recipe])
+    for ids, logits in zip(prompts, first_token_logits(llm, prompts)):
+        torch.testing.assert_close(logits, hf(torch.tensor([ids])).logits[0, -1], rtol=1e-4, atol=1e-4)
