@@ -36,6 +36,7 @@ namespace {
 
 constexpr int64_t COLS = 16;    // output columns per block (one vector of int32 sums)
 constexpr int64_t K_STEP = 64;  // K padding: one AMX activation tile row
+constexpr int64_t M_BLOCK = 256;  // rows per cache block of the AMX path (see amx_matmul)
 
 #ifdef QK_INT8_NATIVE
 
@@ -60,14 +61,20 @@ inline __m512 load_tail(const at::BFloat16* x, int64_t count) {
 }
 
 // Row m of x -> codes (k_pad bytes, zero past k) and its scale, exactly as quantkit.algorithms.int8 does it.
+// The row's inputs 64 c .. 64 c + 63 go to codes + c * chunk: chunk 64 is a plain row, chunk 1024 a row of tiles.
 template <typename T>
-float quantize_row(const T* x, int64_t k, int64_t k_pad, float static_scale, int8_t* codes) {
+float quantize_row(const T* x, int64_t k, int64_t k_pad, float static_scale, int8_t* codes, int64_t chunk) {
   const int64_t full = k / 16 * 16, tail = k - full;
   float scale = static_scale;
   if (scale <= 0.0f) {
-    __m512 absmax = _mm512_setzero_ps();
-    for (int64_t i = 0; i < full; i += 16) absmax = _mm512_max_ps(absmax, _mm512_abs_ps(load16(x + i)));
-    if (tail) absmax = _mm512_max_ps(absmax, _mm512_abs_ps(load_tail(x + full, tail)));
+    // Four running maxima: one would wait on the previous max's latency at every vector.
+    __m512 m[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= full; i += 64)
+      for (int j = 0; j < 4; ++j) m[j] = _mm512_max_ps(m[j], _mm512_abs_ps(load16(x + i + 16 * j)));
+    for (; i < full; i += 16) m[0] = _mm512_max_ps(m[0], _mm512_abs_ps(load16(x + i)));
+    if (tail) m[1] = _mm512_max_ps(m[1], _mm512_abs_ps(load_tail(x + full, tail)));
+    const __m512 absmax = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
     scale = std::max(_mm512_reduce_max_ps(absmax) / 127.0f, 1e-12f);
   }
   const __m512 s = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(127.0f);
@@ -75,40 +82,55 @@ float quantize_row(const T* x, int64_t k, int64_t k_pad, float static_scale, int
   auto codes16 = [&](__m512 v) {
     return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_div_ps(v, s), lo), hi)));
   };
-  for (int64_t i = 0; i < full; i += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), codes16(load16(x + i)));
-  if (tail) _mm_mask_storeu_epi8(codes + full, (1u << tail) - 1, codes16(load_tail(x + full, tail)));
-  std::memset(codes + k, 0, k_pad - k);
+  auto store = [&](int64_t i, __m128i v) {  // 16 codes never straddle a chunk: i is a multiple of 16
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i / K_STEP * chunk + i % K_STEP), v);
+  };
+  for (int64_t i = 0; i < full; i += 16) store(i, codes16(load16(x + i)));
+  if (tail) store(full, codes16(load_tail(x + full, tail)));  // lanes past k load 0: code 0
+  for (int64_t i = (k + 15) / 16 * 16; i < k_pad; i += 16) store(i, _mm_setzero_si128());
   return scale;
 }
 
-void quantize_rows(const torch::Tensor& x, float static_scale, int64_t k_pad, int8_t* codes, float* scales) {
+// tiled: codes in AMX activation tiles, [M / 16, k_pad / 64, 16, 64], so that a tile is 1 KiB read in order
+// (rows k_pad apart made a tile load touch 16 scattered lines); else plain rows [M, k_pad].
+void quantize_rows(const torch::Tensor& x, float static_scale, int64_t k_pad, int8_t* codes, float* scales,
+                   bool tiled) {
   const int64_t m_rows = x.size(0), k = x.size(1);
   at::parallel_for(0, m_rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
+      int8_t* row = tiled ? codes + m / 16 * 16 * k_pad + m % 16 * K_STEP : codes + m * k_pad;
+      const int64_t chunk = tiled ? 16 * K_STEP : K_STEP;
       if (x.scalar_type() == torch::kFloat32)
-        scales[m] = quantize_row(x.data_ptr<float>() + m * k, k, k_pad, static_scale, codes + m * k_pad);
+        scales[m] = quantize_row(x.data_ptr<float>() + m * k, k, k_pad, static_scale, row, chunk);
       else
-        scales[m] = quantize_row(x.data_ptr<at::BFloat16>() + m * k, k, k_pad, static_scale, codes + m * k_pad);
+        scales[m] = quantize_row(x.data_ptr<at::BFloat16>() + m * k, k, k_pad, static_scale, row, chunk);
     }
   });
 }
 
-// y[m, 16 b .. 16 b + 16) = rescaled sums (int32, exact) of one row.
-template <typename Out>
-inline void store_row(const Weights& w, int64_t b, __m512i sums, float x_scale, Out* y) {
-  const int64_t n0 = b * COLS;
-  __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
-                           _mm512_loadu_ps(w.w_scale + n0));
-  if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + n0));
-  const int64_t valid = std::min<int64_t>(COLS, w.n - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-  if constexpr (std::is_same_v<Out, float>) {
-    _mm512_mask_storeu_ps(y + n0, mask, v);
-  } else {
-    _mm256_mask_storeu_epi16(y + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
+// Column block b's rescale: y[m, 16 b .. 16 b + 16) from one row's int32 sums (exact). Its weight scales, bias
+// and store mask are loaded once per column block, not once per row.
+struct Rescale {
+  int64_t n0;
+  __m512 w_scale, bias;
+  bool has_bias;
+  __mmask16 mask;
+  Rescale(const Weights& w, int64_t b)
+      : n0(b * COLS), w_scale(_mm512_loadu_ps(w.w_scale + n0)),
+        bias(w.bias ? _mm512_loadu_ps(w.bias + n0) : _mm512_setzero_ps()), has_bias(w.bias != nullptr),
+        mask(static_cast<__mmask16>((1u << std::min<int64_t>(COLS, w.n - n0)) - 1)) {}
+
+  template <typename Out>
+  void store(__m512i sums, float x_scale, Out* y_row) const {
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)), w_scale);
+    if (has_bias) v = _mm512_add_ps(v, bias);
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm512_mask_storeu_ps(y_row + n0, mask, v);
+    } else {
+      _mm256_mask_storeu_epi16(y_row + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));  // round to nearest even
+    }
   }
-}
+};
 
 // ROWS rows x 4 column blocks: 16 accumulators, each weight vector loaded once for all rows.
 template <int ROWS, typename Out>
@@ -129,8 +151,8 @@ void vnni_rows(const Weights& w, int64_t b0, int64_t nb, const uint8_t* xu, cons
   }
   for (int j = 0; j < nb; ++j) {
     const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(w.col_sums + (b0 + j) * COLS), 7);  // 128 * sum
-    for (int m = 0; m < ROWS; ++m)
-      store_row(w, b0 + j, _mm512_sub_epi32(acc[m][j], offset), scales[m], y + m * y_stride);
+    const Rescale rescale(w, b0 + j);
+    for (int m = 0; m < ROWS; ++m) rescale.store(_mm512_sub_epi32(acc[m][j], offset), scales[m], y + m * y_stride);
   }
 }
 
@@ -170,6 +192,9 @@ bool amx_usable() {
   return ok;
 }
 
+// Rows in blocks of M_BLOCK, column pairs within a block, 32 rows at a time within a pair: a block's codes
+// (M_BLOCK x k_pad) stay in L2 while every pair passes over them (at K = 1536 all 2048 rows' codes did not,
+// and each pair read them again from L3), and a pair's weights (32 x k_pad) stay in L1 across the block.
 template <typename Out>
 void amx_matmul(const Weights& w, const int8_t* codes, const float* scales, int64_t m_rows, Out* y) {
   const int64_t padded_rows = (m_rows + 15) / 16 * 16, pairs = (w.blocks + 1) / 2;
@@ -177,35 +202,38 @@ void amx_matmul(const Weights& w, const int8_t* codes, const float* scales, int6
     TileConfig config;  // per thread
     for (int i = 0; i < 8; ++i) { config.rows[i] = 16; config.colsb[i] = 64; }
     _tile_loadconfig(&config);
-    alignas(64) int32_t sums[4][16][16];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t b0 = 2 * p;
-      const int8_t* w0 = w.block(b0);
-      const int8_t* w1 = w.block(std::min(b0 + 1, w.blocks - 1));  // an odd last block is computed twice
-      for (int64_t m0 = 0; m0 < padded_rows; m0 += 32) {
-        const bool two = m0 + 16 < padded_rows;
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int64_t k0 = 0; k0 < w.k_pad; k0 += K_STEP) {
-          _tile_loadd(4, codes + m0 * w.k_pad + k0, w.k_pad);
-          _tile_loadd(6, w0 + k0 * COLS, 64);
-          _tile_loadd(7, w1 + k0 * COLS, 64);
-          _tile_dpbssd(0, 4, 6);
-          _tile_dpbssd(1, 4, 7);
-          if (two) {
-            _tile_loadd(5, codes + (m0 + 16) * w.k_pad + k0, w.k_pad);
-            _tile_dpbssd(2, 5, 6);
-            _tile_dpbssd(3, 5, 7);
+    alignas(64) int32_t out[4][16][16];
+    for (int64_t mb = 0; mb < padded_rows; mb += M_BLOCK) {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t b0 = 2 * p;
+        const bool odd = b0 + 1 == w.blocks;  // an odd last block is computed twice, stored once
+        const int8_t* w0 = w.block(b0);
+        const int8_t* w1 = w.block(odd ? b0 : b0 + 1);
+        const Rescale r0(w, b0), r1(w, odd ? b0 : b0 + 1);
+        for (int64_t m0 = mb; m0 < std::min(mb + M_BLOCK, padded_rows); m0 += 32) {
+          const bool two = m0 + 16 < padded_rows;
+          _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+          for (int64_t k0 = 0; k0 < w.k_pad; k0 += K_STEP) {
+            _tile_loadd(4, codes + m0 * w.k_pad + k0 * 16, 64);
+            _tile_loadd(6, w0 + k0 * COLS, 64);
+            _tile_loadd(7, w1 + k0 * COLS, 64);
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 4, 7);
+            if (two) {
+              _tile_loadd(5, codes + (m0 + 16) * w.k_pad + k0 * 16, 64);
+              _tile_dpbssd(2, 5, 6);
+              _tile_dpbssd(3, 5, 7);
+            }
           }
+          _tile_stored(0, out[0], 64); _tile_stored(1, out[1], 64);
+          if (two) { _tile_stored(2, out[2], 64); _tile_stored(3, out[3], 64); }
+          for (int half = 0; half < (two ? 2 : 1); ++half)
+            for (int64_t i = 0; i < 16 && m0 + 16 * half + i < m_rows; ++i) {
+              const int64_t m = m0 + 16 * half + i;
+              r0.store(_mm512_load_si512(out[2 * half][i]), scales[m], y + m * w.n);
+              if (!odd) r1.store(_mm512_load_si512(out[2 * half + 1][i]), scales[m], y + m * w.n);
+            }
         }
-        _tile_stored(0, sums[0], 64); _tile_stored(1, sums[1], 64);
-        if (two) { _tile_stored(2, sums[2], 64); _tile_stored(3, sums[3], 64); }
-        for (int half = 0; half < (two ? 2 : 1); ++half)
-          for (int64_t i = 0; i < 16 && m0 + 16 * half + i < m_rows; ++i) {
-            const int64_t m = m0 + 16 * half + i;
-            store_row(w, b0, _mm512_load_si512(sums[2 * half][i]), scales[m], y + m * w.n);
-            if (b0 + 1 < w.blocks)
-              store_row(w, b0 + 1, _mm512_load_si512(sums[2 * half + 1][i]), scales[m], y + m * w.n);
-          }
       }
     }
     _tile_release();
@@ -245,7 +273,8 @@ std::vector<torch::Tensor> int8_quantize(torch::Tensor x, double static_scale) {
   torch::Tensor codes = torch::empty({x.size(0), k_pad}, x.options().dtype(torch::kInt8));
   torch::Tensor scales = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
 #ifdef QK_INT8_NATIVE
-  quantize_rows(x, static_cast<float>(static_scale), k_pad, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
+  quantize_rows(x, static_cast<float>(static_scale), k_pad, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                false);
 #endif
   return {codes.narrow(1, 0, k).contiguous(), scales};
 }
@@ -268,11 +297,11 @@ torch::Tensor int8_linear(torch::Tensor x, double static_scale, torch::Tensor pa
   const int64_t m_rows = x.size(0), padded_rows = use_amx ? (m_rows + 15) / 16 * 16 : m_rows;
   torch::Tensor y = torch::empty({m_rows, n}, x.options());
 #ifdef QK_INT8_NATIVE
-  // Padding rows stay zero: AMX reads whole 16-row tiles.
+  // Padding rows stay zero: AMX reads whole 16-row tiles (the last tile row, zeroed, then partly overwritten).
   torch::Tensor codes = torch::empty({padded_rows, k_pad}, x.options().dtype(torch::kInt8));
-  if (padded_rows > m_rows) codes.narrow(0, m_rows, padded_rows - m_rows).zero_();
+  if (padded_rows > m_rows) codes.narrow(0, padded_rows - 16, 16).zero_();
   std::vector<float> scales(m_rows);
-  quantize_rows(x, static_cast<float>(static_scale), k_pad, codes.data_ptr<int8_t>(), scales.data());
+  quantize_rows(x, static_cast<float>(static_scale), k_pad, codes.data_ptr<int8_t>(), scales.data(), use_amx);
   const Weights w{packed.data_ptr<int8_t>(), col_sums.data_ptr<int32_t>(), w_scale.data_ptr<float>(),
                   bias.numel() ? bias.data_ptr<float>() : nullptr, k_pad, blocks, n};
   const int8_t* cp = codes.data_ptr<int8_t>();

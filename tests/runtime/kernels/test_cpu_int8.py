@@ -52,7 +52,9 @@ def test_pack_pads_and_interleaves_four_inputs_per_column():
 
 @pytest.mark.parametrize("path", RUNNABLE)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m, n, k", [(1, 960, 576), (3, 40, 100), (17, 72, 130), (40, 24, 64)])
+# 300 rows: more than one AMX row block (M_BLOCK = 256), the last one partial; 24 and 40 columns: an odd
+# number of 16-column blocks, the last pair half used.
+@pytest.mark.parametrize("m, n, k", [(1, 960, 576), (3, 40, 100), (17, 72, 130), (40, 24, 64), (300, 40, 130)])
 @pytest.mark.parametrize("static", [None, 0.05])
 def test_outputs_are_the_exact_integer_product_rescaled(path, dtype, m, n, k, static):
     gen = torch.Generator().manual_seed(1)
