@@ -11,6 +11,11 @@ With --rounds R the runtime and vLLM rows run R times, interleaved (every row on
 process), and report the median: a shared machine's speed drifts over minutes, so rows measured in one
 pass at different times compare badly. Rows report output tokens/s, the ratio to the one-at-a-time row, weight memory (bytes of the model's
 tensors as loaded, not the KV cache), resident memory after load and the process' peak RSS.
+
+The runtime and vLLM rows also split prefill from decode. After the timed run, a second timed pass runs the
+same prompts for one token each (prefill_s: every prompt's prefill and first token); its prompts differ from
+the first run's in their first token only, so the prefix cache serves nothing from the first run. Prefill
+tokens/s = prompt tokens / prefill_s; decode tokens/s = requests x (M - 1) / (seconds - prefill_s).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class OfflineRow:
     note: str = ""
     ratio_to_serial: float | None = field(default=None)
     runs: list[float] = field(default_factory=list)  # tokens/s of each round (the row reports their median)
+    prefill_tokens_per_second: float | None = None  # runtime and vLLM rows; of the median round
+    decode_tokens_per_second: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +74,20 @@ def make_prompts(tokenizer, num_requests: int) -> list[list[int]]:
         parts = [SENTENCES[(i + j) % len(SENTENCES)] for j in range(1 + i % 4)]
         prompts.append(tokenizer.encode(f"Request {i}: " + " ".join(parts)))
     return prompts
+
+
+def prefill_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts of the prefill pass: the same lengths, the first token one id higher, so that no block of
+    theirs hashes like a block the timed run left in the prefix cache."""
+    return [[p[0] + 1, *p[1:]] for p in prompts]
+
+
+def prefill_decode_rates(prompt_tokens: int, requests: int, output_len: int, seconds: float,
+                         prefill_s: float) -> tuple[float, float | None]:
+    """(prefill tokens/s, decode tokens/s); decode None where the split leaves no decode time (M = 1, noise)."""
+    decode_s = seconds - prefill_s
+    decode = requests * (output_len - 1) / decode_s if output_len > 1 and decode_s > 0 else None
+    return prompt_tokens / prefill_s, decode
 
 
 def peak_rss_mib() -> float:
@@ -139,8 +160,12 @@ def run_quantkit(model: str, prompts: list[list[int]], output_len: int, dtype: s
     seconds = time.perf_counter() - start
     if any(len(o.token_ids) != output_len for o in outs):
         raise RuntimeError("a request ended before output_len tokens")
+    start = time.perf_counter()
+    llm.generate(prefill_prompts(prompts), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    prefill_s = time.perf_counter() - start
     layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
-    return {"seconds": seconds, "weights_mib": tensor_mib(llm.engine.runner.model), "loaded_rss_mib": loaded_rss,
+    return {"seconds": seconds, "prefill_s": prefill_s, "weights_mib": tensor_mib(llm.engine.runner.model),
+            "loaded_rss_mib": loaded_rss,
             "note": f"linear: {getattr(layer, 'backend', 'dense')}"}
 
 
@@ -167,6 +192,7 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
     from quantkit.models import load_tokenizer, resolve_model
 
     prompts = make_prompts(load_tokenizer(resolve_model(model)), num_requests)
+    prompt_tokens = sum(map(len, prompts))
     base = dict(threads=threads, output_len=output_len, dtype=dtype)
     rows: list[OfflineRow] = []
 
@@ -179,6 +205,9 @@ def offline_benchmark(model: str = "smollm2-135m", checkpoints: tuple[str, ...] 
                                loaded_rss_mib=_round(result.get("loaded_rss_mib")),
                                peak_rss_mib=_round(result.get("peak_rss_mib")),
                                note=result.get("note", note)))
+        if result.get("prefill_s"):
+            prefill, decode = prefill_decode_rates(prompt_tokens, requests, output_len, seconds, result["prefill_s"])
+            rows[-1].prefill_tokens_per_second, rows[-1].decode_tokens_per_second = round(prefill, 1), _round(decode)
         progress(f"{engine} {name}: {rows[-1].tokens_per_second} tok/s")
 
     def worker(spec: dict) -> dict:
@@ -252,12 +281,13 @@ def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: in
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     try:
-        out = run_vllm(peer_python(VLLM), resolve_model(model), Path(f.name), output_len, "auto", threads, dtype)
+        out = run_vllm(peer_python(VLLM), resolve_model(model), Path(f.name), output_len, "auto", threads, dtype,
+                   prefill_pass=True)
     finally:
         Path(f.name).unlink()
     fallback = out["w4a16_fallback_layers"]
     note = f"{fallback} INT4 layers on the dense fallback (no cpu_gemm_wna16 on AVX2)" if fallback else ""
-    return {"seconds": out["generate_s"], "loaded_rss_mib": out.get("loaded_rss_mib"),
+    return {"seconds": out["generate_s"], "prefill_s": out.get("prefill_s"), "loaded_rss_mib": out.get("loaded_rss_mib"),
             "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
 
 
@@ -267,13 +297,14 @@ def rows_table(rows: list[OfflineRow], title: str):
     table = Table(title=title)
     rounds = any(len(r.runs) > 1 for r in rows)
     columns = ("engine", "model", "requests", "tok/s", *(("rounds tok/s",) if rounds else ()), "x serial",
-               "weights MiB", "RSS after load MiB", "peak RSS MiB", "note")
+               "prefill tok/s", "decode tok/s", "weights MiB", "RSS after load MiB", "peak RSS MiB", "note")
     for column in columns:
         table.add_column(column, justify="left" if column in ("engine", "model", "rounds tok/s", "note") else "right")
     for r in rows:
         runs = (" / ".join(f"{x:.1f}" for x in r.runs),) if rounds else ()
         table.add_row(r.engine, r.model, str(r.requests), _fmt(r.tokens_per_second, ".1f"), *runs,
-                      _fmt(r.ratio_to_serial, ".2f"), _fmt(r.weights_mib), _fmt(r.loaded_rss_mib),
+                      _fmt(r.ratio_to_serial, ".2f"), _fmt(r.prefill_tokens_per_second, ".1f"),
+                      _fmt(r.decode_tokens_per_second, ".1f"), _fmt(r.weights_mib), _fmt(r.loaded_rss_mib),
                       _fmt(r.peak_rss_mib), r.note)
     return table
 

@@ -4,7 +4,7 @@ loads it, to compare with quantkit's own model.
 Runs under the vLLM venv's python (see quantkit/bench/peers.py), so it imports only vllm and the standard
 library, never quantkit.
 
-    python peer_vllm.py CHECKPOINT PROMPTS_JSON NEW_TOKENS {auto|fp8} THREADS [DTYPE]
+    python peer_vllm.py CHECKPOINT PROMPTS_JSON NEW_TOKENS {auto|fp8} THREADS [DTYPE [prefill]]
 
 PROMPTS_JSON is a file holding a list of token-id lists. Prints, last, one JSON line: {"token_ids" (one list
 per prompt), "token_logprobs" (per prompt, the log-probability of each token of prompt + continuation after
@@ -12,6 +12,11 @@ the first, teacher-forced), "load_s", "generate_s", "tokens_per_s", "scale_log" 
 scales, such as "Using KV cache scaling factor 1.0"), "w4a16_fallback_layers" (INT4 layers run through the
 dense fallback below, 0 where vLLM's own kernel runs), "loaded_rss_mib", "peak_rss_mib"}. DTYPE defaults to bfloat16. Some vLLM CPU runs abort at process exit after
 printing it; the caller trusts a complete line over the exit code.
+
+generate_s is timed after a warm-up (the first two prompts, two tokens each), as quantkit's offline rows are.
+With "prefill" the line also has "prefill_s": after the timed run, the same prompts with their first token one
+id higher (so the prefix cache serves nothing from that run) generate one token each, timed (quantkit's
+bench offline splits prefill from decode with it).
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def install_w4a16_fallback(replaced: list[str], dtype: str) -> None:
 
 
 def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: str, threads: int,
-         dtype: str = "bfloat16") -> None:
+         dtype: str = "bfloat16", prefill_pass: bool = False) -> None:
     pin_environment(threads)
     import torch
     from vllm import LLM, SamplingParams
@@ -105,10 +110,18 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     loaded_rss_mib = next((int(line.split()[1]) / 1024 for line in open("/proc/self/status")
                            if line.startswith("VmRSS:")), None)
     # ignore_eos: both sides produce exactly new_tokens, so an end-of-text token is compared like any other.
+    llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[:2]],
+                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)  # warm up
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     started = time.perf_counter()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     generate_s = time.perf_counter() - started
+    prefill_s = None
+    if prefill_pass:
+        started = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=[ids[0] + 1, *ids[1:]]) for ids in prompts],
+                     SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        prefill_s = round(time.perf_counter() - started, 3)
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     # Teacher-forced: the log-probability vLLM gives each token of prompt + its own continuation, so the two
     # engines are compared position by position even where one near-tie has sent the greedy runs apart.
@@ -118,6 +131,7 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
     token_logprobs = [[step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]
                       for out, ids in zip(scored, sequences)]
     result = {"token_ids": token_ids, "load_s": round(load_s, 2), "generate_s": round(generate_s, 3),
+              "prefill_s": prefill_s,
               "tokens_per_s": round(sum(map(len, token_ids)) / generate_s, 1), "token_logprobs": token_logprobs,
               "scale_log": scale_log.messages,
               "w4a16_fallback_layers": len(replaced),
@@ -127,6 +141,7 @@ def main(checkpoint: str, prompts_file: str, new_tokens: int, kv_cache_dtype: st
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (6, 7):
+    if len(sys.argv) not in (6, 7, 8) or sys.argv[7:] not in ([], ["prefill"]):
         raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), *sys.argv[6:])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), *sys.argv[6:7],
+         prefill_pass=sys.argv[7:] == ["prefill"])

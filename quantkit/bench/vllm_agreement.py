@@ -141,11 +141,12 @@ def scheme(checkpoint: Path) -> str:
 
 
 def run_vllm(python: Path, checkpoint: Path, prompts_file: Path, new_tokens: int, kv_cache_dtype: str,
-             threads: int, dtype: str = "bfloat16") -> dict:
+             threads: int, dtype: str = "bfloat16", prefill_pass: bool = False) -> dict:
     """The vLLM worker's result. A complete JSON line counts even after a non-zero exit: vLLM's CPU build
-    sometimes aborts at process exit (rc 134) once it has finished. -P keeps quantkit/bench off sys.path."""
+    sometimes aborts at process exit (rc 134) once it has finished. -P keeps quantkit/bench off sys.path.
+    prefill_pass: the result also has prefill_s (see peer_vllm.py)."""
     cmd = [str(python), "-P", str(WORKER), str(checkpoint), str(prompts_file), str(new_tokens), kv_cache_dtype,
-           str(threads), dtype]
+           str(threads), dtype, *(["prefill"] if prefill_pass else [])]
     done = subprocess.run(cmd, env=pinned_env(threads), capture_output=True, text=True)
     for line in reversed(done.stdout.strip().splitlines()):
         if line.startswith("{") and '"token_ids"' in line:

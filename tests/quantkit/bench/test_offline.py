@@ -1,4 +1,4 @@
-from quantkit.bench.offline import make_prompts, offline_benchmark
+from quantkit.bench.offline import make_prompts, offline_benchmark, prefill_decode_rates, prefill_prompts
 from quantkit.models import load_tokenizer
 
 
@@ -9,6 +9,8 @@ def test_offline_benchmark_rows_on_the_tiny_model(tiny_model):
     for r in rows:
         assert r.tokens_per_second > 0 and r.peak_rss_mib >= r.loaded_rss_mib > r.weights_mib > 0
     assert rows[0].ratio_to_serial == 1.0
+    assert rows[2].prefill_tokens_per_second > 0 and rows[2].decode_tokens_per_second > 0
+    assert rows[0].prefill_tokens_per_second is None  # transformers rows have no prefill pass
     # transformers and the runtime hold the same dense float32 weights (the runtime fuses, never copies)
     assert abs(rows[2].weights_mib - rows[0].weights_mib) < 0.05 * rows[0].weights_mib
 
@@ -91,3 +93,30 @@ def test_a_vllm_row_that_fails_in_a_later_round_keeps_its_earlier_rounds_and_say
     assert vllm_row.runs == [6.0] and vllm_row.tokens_per_second == 6.0
     assert vllm_row.note == "round 2: failed: MemoryError: out of memory"
     assert rows[2].runs == [12.0, 12.0, 12.0]  # the quantkit row ran every round
+
+
+def test_prefill_and_decode_rates_split_the_timed_run_at_the_prefill_pass():
+    # 4 requests x 3 tokens in 2 s, of which 0.5 s went to 100 prompt tokens and the first tokens
+    assert prefill_decode_rates(100, 4, 3, 2.0, 0.5) == (200.0, 4 * 2 / 1.5)
+    assert prefill_decode_rates(100, 4, 1, 2.0, 0.5)[1] is None  # one token each: no decode
+    assert prefill_decode_rates(100, 4, 3, 0.4, 0.5)[1] is None  # a split that noise made negative
+
+
+def test_prefill_prompts_keep_the_lengths_and_change_the_first_block(tiny_model):
+    prompts = make_prompts(load_tokenizer(tiny_model), 4)
+    again = prefill_prompts(prompts)
+    assert [len(p) for p in again] == [len(p) for p in prompts]
+    assert all(a[0] != p[0] and a[1:] == p[1:] for a, p in zip(again, prompts))
+
+
+def test_the_vllm_rows_prefill_pass_gives_its_prefill_and_decode_rates(tiny_model, monkeypatch):
+    from quantkit.bench import offline
+
+    monkeypatch.setattr(offline, "_run_vllm", lambda *args: {"seconds": 2.0, "prefill_s": 0.5})
+    rows = offline_benchmark(str(tiny_model), num_requests=4, output_len=3, serial_requests=2, vllm=True,
+                             progress=lambda m: None)
+    prompt_tokens = sum(map(len, make_prompts(load_tokenizer(tiny_model), 4)))
+    vllm_row = rows[-1]
+    assert vllm_row.prefill_tokens_per_second == round(prompt_tokens / 0.5, 1)
+    assert vllm_row.decode_tokens_per_second == round(4 * 2 / 1.5, 1)
+    assert "prefill tok/s" in [c.header for c in offline.rows_table(rows, "t").columns]
