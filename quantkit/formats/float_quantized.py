@@ -19,7 +19,7 @@ import re
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.quantized import Fp8Weight
+from quantkit.formats.quantized import Fp8Weight, Int8Weight
 
 FORMAT = "float-quantized"
 FP8_DTYPE = torch.float8_e4m3fn
@@ -106,7 +106,12 @@ def weight_tensors(weight: Fp8Weight, dtype: torch.dtype) -> dict[str, torch.Ten
     """The on-disk tensors of one FP8 Linear (keys without the module prefix); scales in `dtype`."""
     if weight.weight.dtype != FP8_DTYPE:
         raise ValueError(f"FP8 weight must be {FP8_DTYPE}, got {weight.weight.dtype}")
-    tensors = {"weight": weight.weight.contiguous(), "weight_scale": weight.scale.to(dtype).contiguous()}
+    return w8a8_tensors(weight, weight.scale, dtype)
+
+
+def w8a8_tensors(weight: Fp8Weight | Int8Weight, scale: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """weight, weight_scale (as given, in `dtype`) and, for static activations, input_scale [1]."""
+    tensors = {"weight": weight.weight.contiguous(), "weight_scale": scale.to(dtype).contiguous()}
     if weight.input_scale is not None:
         tensors["input_scale"] = weight.input_scale.reshape(1).to(dtype)
     return tensors
@@ -114,18 +119,24 @@ def weight_tensors(weight: Fp8Weight, dtype: torch.dtype) -> dict[str, torch.Ten
 
 def read_weight(tensors: dict[str, torch.Tensor], static: bool, where: str) -> Fp8Weight:
     """Rebuild an Fp8Weight from weight_tensors' output; `where` names the layer in errors."""
+    weight, scale, input_scale = read_w8a8_tensors(tensors, static, where, "FP8")
+    return Fp8Weight(weight=weight, scale=scale, input_scale=input_scale)
+
+
+def read_w8a8_tensors(tensors: dict[str, torch.Tensor], static: bool, where: str,
+                      kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(weight as stored, weight_scale as float32, input_scale [1] float32 or None) of one W8A8 linear, checked."""
     weight, scale = tensors["weight"], tensors.get("weight_scale")
     if scale is None:
-        raise QuantkitError(f"{where}: fp8 weight without weight_scale")
+        raise QuantkitError(f"{where}: {kind} weight without weight_scale")
     out_features = weight.shape[0]
     if tuple(scale.shape) not in ((out_features, 1), (1,), (1, 1)):
         raise QuantkitError(f"{where}: weight_scale has shape {tuple(scale.shape)}, expected "
                             f"({out_features}, 1) per channel or (1,) per tensor")
     input_scale = tensors.get("input_scale")
     if static and input_scale is None:
-        raise QuantkitError(f"{where}: static FP8 activations but no input_scale")
-    return Fp8Weight(weight=weight, scale=scale.float(),
-                     input_scale=None if input_scale is None else input_scale.float().reshape(1))
+        raise QuantkitError(f"{where}: static {kind} activations but no input_scale")
+    return weight, scale.float(), None if input_scale is None else input_scale.float().reshape(1)
 
 
 def kv_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.float_quantized import activation_scheme, w8a8_config
+from quantkit.formats.float_quantized import activation_scheme, read_w8a8_tensors, w8a8_config, w8a8_tensors
 from quantkit.formats.quantized import Int8Weight
 
 FORMAT = "int-quantized"
@@ -38,24 +38,13 @@ def weight_tensors(weight: Int8Weight, dtype: torch.dtype) -> dict[str, torch.Te
     """The on-disk tensors of one INT8 W8A8 Linear (keys without the module prefix); scales in `dtype`."""
     if weight.weight.dtype != torch.int8:
         raise ValueError(f"INT8 weight must be torch.int8, got {weight.weight.dtype}")
-    tensors = {"weight": weight.weight.contiguous(), "weight_scale": weight.scale.reshape(-1, 1).to(dtype).contiguous()}
-    if weight.input_scale is not None:
-        tensors["input_scale"] = weight.input_scale.reshape(1).to(dtype)
-    return tensors
+    return w8a8_tensors(weight, weight.scale.reshape(-1, 1), dtype)
 
 
 def read_weight(tensors: dict[str, torch.Tensor], static: bool, where: str) -> Int8Weight:
     """Rebuild an Int8Weight from weight_tensors' output; `where` names the layer in errors."""
-    weight, scale = tensors["weight"], tensors.get("weight_scale")
-    if scale is None:
-        raise QuantkitError(f"{where}: int8 weight without weight_scale")
-    if tuple(scale.shape) not in ((weight.shape[0], 1), (1,), (1, 1)):
-        raise QuantkitError(f"{where}: weight_scale has shape {tuple(scale.shape)}, expected "
-                            f"({weight.shape[0]}, 1) per channel or (1,) per tensor")
-    input_scale = tensors.get("input_scale")
-    if static and input_scale is None:
-        raise QuantkitError(f"{where}: static INT8 activations but no input_scale")
+    weight, scale, input_scale = read_w8a8_tensors(tensors, static, where, "INT8")
     if "weight_zero_point" in tensors and bool(tensors["weight_zero_point"].ne(0).any()):
         raise QuantkitError(f"{where}: int8 weight with a nonzero zero point (asymmetric) is not supported")
-    return Int8Weight(weight=weight, scale=scale.float().reshape(-1, 1).expand(weight.shape[0], 1).contiguous(),
-                      input_scale=None if input_scale is None else input_scale.float().reshape(1))
+    return Int8Weight(weight=weight, scale=scale.reshape(-1, 1).expand(weight.shape[0], 1).contiguous(),
+                      input_scale=input_scale)

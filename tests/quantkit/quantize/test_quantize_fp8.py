@@ -13,7 +13,6 @@ from quantkit.calibration.run import load_samples
 from quantkit.errors import QuantkitError
 from quantkit.eval.kv_cache import read_kv_scales
 from quantkit.models import load_model
-from tests.conftest import chat_rows, write_jsonl
 
 RTN_KV_RECIPE = """\
 name: rtn-w4a16-g64-kv-fp8
@@ -21,17 +20,6 @@ quantization: {method: rtn}
 weights: {bits: 4, group_size: 64, symmetric: false}
 kv_cache_scheme: {type: float, num_bits: 8, strategy: tensor}
 """
-
-
-@pytest.fixture(scope="module")
-def calib_dir(tiny_model, tmp_path_factory):
-    from quantkit.calibration.run import CalibrateOptions, calibrate
-
-    root = tmp_path_factory.mktemp("fp8-calib")
-    data = write_jsonl(root / "calib.jsonl", chat_rows(24))
-    calibrate(CalibrateOptions(model=str(tiny_model), dataset=str(data), out=root / "calib", num_samples=12,
-                               max_seq_len=64))
-    return root / "calib"
 
 
 def quantize(tiny_model, recipe, out, calib=None):

@@ -12,24 +12,13 @@ from quantkit.algorithms import int8
 from quantkit.calibration.run import load_samples
 from quantkit.errors import QuantkitError
 from quantkit.models import load_model
-from tests.conftest import build_tiny_model, chat_rows, write_jsonl
+from tests.conftest import build_tiny_model
 
 RTN_RECIPE = """\
 name: int8-rtn-{smooth}
 quantization: {{method: int8, activations: static, rounding: rtn, smoothquant: {smooth}}}
 weights: {{bits: 8, group_size: -1, symmetric: true}}
 """
-
-
-@pytest.fixture(scope="module")
-def calib_dir(tiny_model, tmp_path_factory):
-    from quantkit.calibration.run import CalibrateOptions, calibrate
-
-    root = tmp_path_factory.mktemp("int8-calib")
-    data = write_jsonl(root / "calib.jsonl", chat_rows(24))
-    calibrate(CalibrateOptions(model=str(tiny_model), dataset=str(data), out=root / "calib", num_samples=12,
-                               max_seq_len=64))
-    return root / "calib"
 
 
 def quantize(model, recipe, out, calib=None):
