@@ -221,7 +221,8 @@ def bench_kv_capacity(
 
 @bench_app.command("kernels", epilog="Example: quantkit bench kernels --threads 1 --out kernels.json")
 def bench_kernels(
-    m: list[int] = typer.Option([1, 8, 64], help="Rows of activations (tokens in the batch); repeatable."),
+    m: list[int] = typer.Option([1, 8, 64, 512], help="Rows of activations (tokens in the batch; 512 a prefill "
+                                                      "chunk); repeatable."),
     rounds: int = typer.Option(30, help="Interleaved timing rounds; the median is reported."),
     threads: int = typer.Option(1, help="torch and OpenMP threads."),
     out: Optional[Path] = typer.Option(None, help="Write the JSON rows here."),

@@ -64,7 +64,7 @@ def random_int8(n: int, k: int, seed: int = 0) -> Int8Weight:
                       scale=torch.rand(n, 1, generator=gen) * 0.01 + 0.001)
 
 
-def bench_kernels(ms: tuple[int, ...] = (1, 8, 64), rounds: int = 30, threads: int = 1) -> list[KernelRow]:
+def bench_kernels(ms: tuple[int, ...] = (1, 8, 64, 512), rounds: int = 30, threads: int = 1) -> list[KernelRow]:
     from quantkit.runtime.layers.int8_linear import Int8Linear
     from quantkit.runtime.layers.linear import Int4Linear
 
