@@ -1,8 +1,9 @@
 """INT8 activations for W8A8: per token at run time (dynamic) or by one calibrated scale per tensor (static).
 
-The convention is vLLM's and compressed-tensors': symmetric, no zero point, x_q = clamp(round(x / s), -128, 127)
-with s = absmax / 127, rounding half to even (torch.round, and std::nearbyint in vLLM's CPU kernel), so the
-largest magnitude lands on 127 and -128 is never produced by a dynamic scale.
+The convention is vLLM's: symmetric, no zero point, x_q = clamp(round(x / s), -128, 127) with s = absmax / 127,
+rounding half to even (torch.round), so the largest magnitude lands on 127 and -128 is never produced by a
+dynamic scale. compressed-tensors' own fake quantization (what transformers runs) divides a dynamic token's
+absmax by 127.5 instead; static scales are read from the checkpoint by both.
 """
 
 from __future__ import annotations
@@ -34,5 +35,4 @@ def round_trip(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def round_trip_per_token(x: torch.Tensor) -> torch.Tensor:
-    codes, scale = quantize_per_token(x)
-    return (codes.float() * scale).to(x.dtype)
+    return round_trip(x, scale_for(x.detach().abs().amax(dim=-1, keepdim=True)))

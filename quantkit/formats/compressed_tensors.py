@@ -36,6 +36,9 @@ FORMAT = "pack-quantized"
 CT_VERSION = "0.20.1"
 SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 SUPPORTED_BITS = (2, 4, 8)  # divisors of 32: no value ever straddles two words
+# The W8A8 formats: each module has FORMAT, STORED_DTYPE, SUFFIXES, static_activations, weight_tensors, read_weight
+W8A8_LAYOUTS = {float_quantized.FORMAT: (float_quantized, Fp8Weight),
+                int_quantized.FORMAT: (int_quantized, Int8Weight)}
 
 
 def _check_bits(bits: int) -> None:
@@ -219,17 +222,14 @@ def write_checkpoint(out_dir: str | Path, hf_config: dict, dense_tensors: dict[s
 def module_tensors(quantized: dict, quant_config: dict, dtype: torch.dtype):
     """(module, its on-disk tensors) for every quantized Linear, in the config's format (its scheme must
     match the config's: loaders read every layer with that one scheme)."""
-    if quant_config.get("format") == float_quantized.FORMAT:
+    w8a8 = W8A8_LAYOUTS.get(quant_config.get("format"))
+    if w8a8:
+        layout, weight_type = w8a8
         for module, weight in quantized.items():
-            if not isinstance(weight, Fp8Weight):
-                raise ValueError(f"{module}: a float-quantized checkpoint needs Fp8Weight, got {type(weight).__name__}")
-            yield module, float_quantized.weight_tensors(weight, dtype)
-        return
-    if quant_config.get("format") == int_quantized.FORMAT:
-        for module, weight in quantized.items():
-            if not isinstance(weight, Int8Weight):
-                raise ValueError(f"{module}: an int-quantized checkpoint needs Int8Weight, got {type(weight).__name__}")
-            yield module, int_quantized.weight_tensors(weight, dtype)
+            if not isinstance(weight, weight_type):
+                raise ValueError(f"{module}: a {layout.FORMAT} checkpoint needs {weight_type.__name__}, "
+                                 f"got {type(weight).__name__}")
+            yield module, layout.weight_tensors(weight, dtype)
         return
     bits, group_size, symmetric, actorder = weight_scheme(quant_config)
     for module, qw in quantized.items():
@@ -261,18 +261,15 @@ def open_checkpoint(path: str | Path) -> StoredCheckpoint:
     if "quantization_config" not in config:
         raise QuantkitError(f"{config_file}: no quantization_config", hint="this is not a quantized checkpoint")
     qconfig, where = config["quantization_config"], f"{config_file}: quantization_config"
-    if isinstance(qconfig, dict) and qconfig.get("format") == float_quantized.FORMAT:
-        static = float_quantized.activation_scheme(qconfig, where) == "static"
+    w8a8 = W8A8_LAYOUTS.get(qconfig.get("format")) if isinstance(qconfig, dict) else None
+    if w8a8:
+        layout = w8a8[0]
+        static = layout.static_activations(qconfig, where)
         files = TensorFiles(root)
-        return stored_checkpoint(config, files, "weight", float_quantized.SUFFIXES,
-                                 lambda parts, at: float_quantized.read_weight(parts, static, at),
-                                 is_module=lambda name: files.dtype(name) == float_quantized.STORED_DTYPE)
-    if isinstance(qconfig, dict) and qconfig.get("format") == int_quantized.FORMAT:
-        static = int_quantized.static_activations(qconfig, where)
-        files = TensorFiles(root)
-        return stored_checkpoint(config, files, "weight", int_quantized.SUFFIXES,
-                                 lambda parts, at: int_quantized.read_weight(parts, static, at),
-                                 is_module=lambda name: files.dtype(name) == int_quantized.STORED_DTYPE)
+        # the weights keep their dense names: the stored dtype tells a quantized linear from a dense tensor
+        return stored_checkpoint(config, files, "weight", layout.SUFFIXES,
+                                 lambda parts, at: layout.read_weight(parts, static, at),
+                                 is_module=lambda name: files.dtype(name) == layout.STORED_DTYPE)
     bits, group_size, symmetric, _ = weight_scheme(qconfig, where=where)
     return stored_checkpoint(config, TensorFiles(root), "weight_packed", SUFFIXES,
                              lambda parts, at: read_weight(parts, bits, group_size, symmetric, where=at))
@@ -288,9 +285,12 @@ class CompressedTensors(CheckpointFormat):
     def can_hold(self, scheme: CheckpointScheme) -> str | None:
         if scheme.kind == "int" and scheme.bits not in SUPPORTED_BITS:
             return f"compressed-tensors pack-quantized stores {SUPPORTED_BITS}-bit integers, not {scheme.bits}-bit"
-        if scheme.kind == "int" and scheme.activations and (scheme.bits, scheme.group_size, scheme.symmetric) != (8, -1, True):
-            return ("int-quantized (W8A8) holds symmetric 8-bit weights per output channel, not "
-                    f"{scheme.label}: vLLM's int8 GEMMs take one scale per channel and no zero point")
+        w8a8_int = scheme.kind == "int" and scheme.activations
+        if w8a8_int and (scheme.bits, scheme.group_size, scheme.symmetric) != (8, -1, True):
+            group = "per channel" if scheme.group_size == -1 else f"group {scheme.group_size}"
+            return (f"int-quantized (W8A8) holds symmetric 8-bit weights per output channel, not {scheme.bits}-bit "
+                    f"{group} {'symmetric' if scheme.symmetric else 'asymmetric'}: vLLM's int8 GEMMs take one "
+                    "scale per channel and no zero point")
         if scheme.act_order == "permuted" and scheme.group_size == -1:
             return "a permuted g_idx needs group quantization, not per channel (group_size -1)"
         return None

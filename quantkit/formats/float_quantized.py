@@ -36,13 +36,9 @@ def eight_bit_args(kind: str, strategy: str, dynamic: bool) -> dict:
             "observer": None if dynamic else "minmax", "observer_kwargs": {}}
 
 
-def _float_args(strategy: str, dynamic: bool) -> dict:
-    return eight_bit_args("float", strategy, dynamic)
-
-
 def kv_cache_scheme() -> dict:
     """quantization_config["kv_cache_scheme"] for per-tensor FP8 K/V scales."""
-    return _float_args("tensor", dynamic=False)
+    return eight_bit_args("float", "tensor", dynamic=False)
 
 
 def quantization_config(activations: str, ignore: list[str], targets: list[str] | None = None,
@@ -100,6 +96,11 @@ def activation_scheme(qconfig: dict, where: str, kind: str = "float") -> str:
     if len(schemes) != 1:
         raise bad(f"expected one activation scheme across config groups, found {sorted(schemes) or 'none'}")
     return schemes.pop()
+
+
+def static_activations(qconfig: dict, where: str) -> bool:
+    """Whether the config's inputs use stored per-tensor scales (FP8 weight-only configs read as not static)."""
+    return activation_scheme(qconfig, where) == "static"
 
 
 def weight_tensors(weight: Fp8Weight, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -69,7 +69,7 @@ class Int8(QuantMethod):
         options = self.options
         static = options.activations == "static"
         result = LayerResult(outputs=None)
-        alphas = self._smooth(staged, hidden, rotary) if options.smoothquant else {}
+        smoothing = self._smooth(staged, hidden, rotary) if options.smoothquant else {}
 
         def quantize_stage(names: tuple[str, ...], inputs: Activations, residual=None) -> None:
             targets = self.targets(names)
@@ -97,7 +97,7 @@ class Int8(QuantMethod):
                 errors = (None, None) if hessian is None else relative_errors(original, hessian, self.scheme,
                                                                               dequantized)
                 result.reports.append(LinearReport(f"{self.prefix}.{name}", "int8", *errors, note,
-                                                   detail=alphas.get(name, "")))
+                                                   detail=smoothing.get(name, "")))
 
         if hidden is None:  # dynamic RTN without smoothing: no data
             for names in staged.stages:
