@@ -287,8 +287,8 @@ def _run_vllm(model: str, prompts: list[list[int]], output_len: int, threads: in
         Path(f.name).unlink()
     fallback = out["w4a16_fallback_layers"]
     note = f"{fallback} INT4 layers on the dense fallback (no cpu_gemm_wna16 on AVX2)" if fallback else ""
-    return {"seconds": out["generate_s"], "prefill_s": out.get("prefill_s"), "loaded_rss_mib": out.get("loaded_rss_mib"),
-            "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
+    return {"seconds": out["generate_s"], "prefill_s": out.get("prefill_s"),
+            "loaded_rss_mib": out.get("loaded_rss_mib"), "peak_rss_mib": out.get("peak_rss_mib"), "note": note}
 
 
 def rows_table(rows: list[OfflineRow], title: str):
